@@ -1,0 +1,170 @@
+//! `EmulatedDevice`: any device slowed down to the pace of a modelled disk.
+//!
+//! # Theory of operation
+//! A [`TimingModel`] says how long the emulated hardware would take to serve one operation
+//! (`service_time(kind, offset, len)`); it may keep state (a head position, a write cache) and
+//! is the seam where HDD and SSD profiles plug in. [`NullTiming`] costs nothing.
+//!
+//! `EmulatedDevice` forwards every call to the inner device while holding a per-device mutex,
+//! as one disk serves one request at a time, and then sleeps until the modelled service time
+//! has elapsed since the operation started (the inner device's own time counts towards it).
+//! Failed operations take their modelled time too. The device keeps the inner device's name.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::{BlockDevice, DeviceRef, Result};
+
+/// The kind of an operation, as seen by a [`TimingModel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoKind {
+    Read,
+    Write,
+    Flush,
+    Trim,
+}
+
+/// How long an emulated device takes to serve one operation.
+pub trait TimingModel: Send + Sync + std::fmt::Debug {
+    /// Service time of one operation. `offset` and `len` are 0 for flushes.
+    fn service_time(&self, op: IoKind, offset: u64, len: u64) -> Duration;
+}
+
+/// A model in which everything is instantaneous.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NullTiming;
+
+impl TimingModel for NullTiming {
+    fn service_time(&self, _op: IoKind, _offset: u64, _len: u64) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// Wraps a device with a timing model. See the module documentation.
+#[derive(Debug)]
+pub struct EmulatedDevice {
+    inner: DeviceRef,
+    model: Arc<dyn TimingModel>,
+    /// Serializes operations, like the single actuator of a disk.
+    head: Mutex<()>,
+}
+
+impl EmulatedDevice {
+    pub fn new(inner: DeviceRef, model: Arc<dyn TimingModel>) -> EmulatedDevice {
+        EmulatedDevice {
+            inner,
+            model,
+            head: Mutex::new(()),
+        }
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &DeviceRef {
+        &self.inner
+    }
+
+    /// The timing model.
+    pub fn model(&self) -> &Arc<dyn TimingModel> {
+        &self.model
+    }
+
+    fn timed<T>(&self, op: IoKind, offset: u64, len: u64, f: impl FnOnce() -> T) -> T {
+        let _head = self.head.lock();
+        let start = Instant::now();
+        let service = self.model.service_time(op, offset, len);
+        let out = f();
+        let remaining = service.saturating_sub(start.elapsed());
+        if !remaining.is_zero() {
+            std::thread::sleep(remaining);
+        }
+        out
+    }
+}
+
+impl BlockDevice for EmulatedDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        self.timed(IoKind::Read, offset, len, || {
+            self.inner.read_at(buf, offset)
+        })
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        self.timed(IoKind::Write, offset, len, || {
+            self.inner.write_at(buf, offset)
+        })
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.timed(IoKind::Flush, 0, 0, || self.inner.flush())
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.timed(IoKind::Trim, offset, len, || self.inner.trim(offset, len))
+    }
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemDevice;
+
+    /// A fixed cost per operation that records what it was asked.
+    #[derive(Debug, Default)]
+    struct Fixed {
+        calls: Mutex<Vec<(IoKind, u64, u64)>>,
+    }
+
+    impl TimingModel for Fixed {
+        fn service_time(&self, op: IoKind, offset: u64, len: u64) -> Duration {
+            self.calls.lock().push((op, offset, len));
+            Duration::from_millis(5)
+        }
+    }
+
+    #[test]
+    fn null_timing_passes_through() {
+        let inner: DeviceRef = Arc::new(MemDevice::new("mem0", 4096));
+        let dev = EmulatedDevice::new(inner.clone(), Arc::new(NullTiming));
+        assert_eq!(dev.name(), "mem0");
+        assert_eq!(dev.size(), 4096);
+        dev.write_at(b"abc", 10).unwrap();
+        dev.flush().unwrap();
+        dev.trim(0, 512).unwrap();
+        let mut b = [0u8; 3];
+        inner.read_at(&mut b, 10).unwrap();
+        assert_eq!(&b, b"abc");
+        assert!(dev.read_at(&mut b, 4095).is_err());
+    }
+
+    #[test]
+    fn model_is_consulted_and_time_is_spent() {
+        let model = Arc::new(Fixed::default());
+        let dev = EmulatedDevice::new(Arc::new(MemDevice::new("m", 8192)), model.clone());
+        let start = Instant::now();
+        dev.write_at(&[1; 512], 1024).unwrap();
+        let mut b = [0u8; 512];
+        dev.read_at(&mut b, 1024).unwrap();
+        dev.flush().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(15));
+        assert_eq!(
+            *model.calls.lock(),
+            vec![
+                (IoKind::Write, 1024, 512),
+                (IoKind::Read, 1024, 512),
+                (IoKind::Flush, 0, 0)
+            ]
+        );
+    }
+}

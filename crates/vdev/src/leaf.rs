@@ -1,0 +1,423 @@
+//! Leaf vdevs: one device each, with its own I/O queue, health state and error counters.
+//!
+//! # Theory of operation
+//! A leaf owns a device (or none, when the device is missing) and one worker thread that
+//! executes its queue in order, so the children of a mirror or RAID-Z vdev are read and written
+//! concurrently while each device sees one stream (the per-device queues of DESIGN.md §5).
+//! Offsets given to a leaf are relative to its data area, which starts after the front labels
+//! and reserve (`FRONT_RESERVE`) and ends before the back labels.
+//!
+//! # States and counters
+//! READ, WRITE and CKSUM counters are kept as `zpool status` shows them. A leaf whose write or
+//! flush fails is FAULTED at once: its content can no longer be trusted to be current, so it is
+//! read as missing until it is repaired (the conservative rule that keeps invariant 7 honest).
+//! A device missing at import is UNAVAIL; one taken away at run time is REMOVED.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use tank_device::{DeviceError, DeviceRef};
+
+/// Size of one label.
+pub const LABEL_SIZE: u64 = 256 << 10;
+/// Bytes at the front of a leaf before its data area: labels L0 and L1 and a boot reserve.
+pub const FRONT_RESERVE: u64 = 4 << 20;
+/// Bytes at the end of a leaf after its data area: labels L2 and L3.
+pub const BACK_RESERVE: u64 = 2 * LABEL_SIZE;
+/// The smallest device tank accepts.
+pub const MIN_DEVICE_SIZE: u64 = 64 << 20;
+
+/// The device size labels are placed against: rounded down to a whole label.
+pub fn aligned_size(size: u64) -> u64 {
+    size / LABEL_SIZE * LABEL_SIZE
+}
+
+/// Offsets of the four labels on a device of `size` bytes.
+pub fn label_offsets(size: u64) -> [u64; 4] {
+    let s = aligned_size(size);
+    [0, LABEL_SIZE, s - 2 * LABEL_SIZE, s - LABEL_SIZE]
+}
+
+/// Bytes of data area on a device of `size` bytes.
+pub fn usable_size(size: u64) -> u64 {
+    aligned_size(size).saturating_sub(FRONT_RESERVE + BACK_RESERVE)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum VdevState {
+    Online,
+    Degraded,
+    Faulted,
+    Offline,
+    Unavail,
+    Removed,
+}
+
+impl VdevState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Online => "ONLINE",
+            Self::Degraded => "DEGRADED",
+            Self::Faulted => "FAULTED",
+            Self::Offline => "OFFLINE",
+            Self::Unavail => "UNAVAIL",
+            Self::Removed => "REMOVED",
+        }
+    }
+
+    /// Whether I/O can be sent to a leaf in this state.
+    pub fn usable(self) -> bool {
+        matches!(self, Self::Online | Self::Degraded)
+    }
+}
+
+/// Counters shown by `pool status` and `pool iostat`.
+#[derive(Debug, Default)]
+pub struct LeafStats {
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub cksum_errors: AtomicU64,
+    pub read_ops: AtomicU64,
+    pub write_ops: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub repaired_bytes: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct LeafStatsSnapshot {
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub cksum_errors: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub repaired_bytes: u64,
+}
+
+impl LeafStats {
+    pub fn snapshot(&self) -> LeafStatsSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LeafStatsSnapshot {
+            read_errors: g(&self.read_errors),
+            write_errors: g(&self.write_errors),
+            cksum_errors: g(&self.cksum_errors),
+            read_ops: g(&self.read_ops),
+            write_ops: g(&self.write_ops),
+            read_bytes: g(&self.read_bytes),
+            write_bytes: g(&self.write_bytes),
+            repaired_bytes: g(&self.repaired_bytes),
+        }
+    }
+
+    pub fn clear_errors(&self) {
+        self.read_errors.store(0, Ordering::Relaxed);
+        self.write_errors.store(0, Ordering::Relaxed);
+        self.cksum_errors.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Completion tracking for a group of queued I/Os.
+#[derive(Debug, Default)]
+pub struct IoBatch {
+    state: Mutex<BatchState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct BatchState {
+    outstanding: usize,
+    errors: Vec<(Arc<Leaf>, DeviceError)>,
+}
+
+impl IoBatch {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn start(&self) {
+        self.state.lock().outstanding += 1;
+    }
+
+    fn finish(&self, leaf: &Arc<Leaf>, result: Result<(), DeviceError>) {
+        let mut st = self.state.lock();
+        st.outstanding -= 1;
+        if let Err(e) = result {
+            st.errors.push((leaf.clone(), e));
+        }
+        if st.outstanding == 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits for every queued I/O; returns the failures.
+    pub fn wait(&self) -> Vec<(Arc<Leaf>, DeviceError)> {
+        let mut st = self.state.lock();
+        while st.outstanding > 0 {
+            self.cv.wait(&mut st);
+        }
+        std::mem::take(&mut st.errors)
+    }
+}
+
+enum Request {
+    Write {
+        offset: u64,
+        data: Arc<[u8]>,
+        batch: Arc<IoBatch>,
+    },
+    Read {
+        offset: u64,
+        len: usize,
+        reply: Sender<Result<Vec<u8>, DeviceError>>,
+    },
+    Flush {
+        batch: Arc<IoBatch>,
+    },
+}
+
+struct LeafInner {
+    dev: Option<DeviceRef>,
+    state: VdevState,
+    /// Why the leaf is not ONLINE, for `status`.
+    reason: Option<String>,
+    queue: Option<Sender<Request>>,
+}
+
+/// A leaf vdev. See the module documentation.
+pub struct Leaf {
+    pub guid: u64,
+    pub path: String,
+    inner: Mutex<LeafInner>,
+    pub stats: LeafStats,
+    /// Usable bytes of the data area as recorded in the pool config (the pool's smallest member).
+    pub asize: u64,
+}
+
+impl std::fmt::Debug for Leaf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leaf")
+            .field("guid", &self.guid)
+            .field("path", &self.path)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Leaf {
+    /// A leaf with a device (ONLINE) or without one (UNAVAIL).
+    pub fn new(guid: u64, path: String, asize: u64, dev: Option<DeviceRef>) -> Arc<Self> {
+        let leaf = Arc::new(Self {
+            guid,
+            path,
+            inner: Mutex::new(LeafInner {
+                dev: None,
+                state: VdevState::Unavail,
+                reason: Some("cannot open".into()),
+                queue: None,
+            }),
+            stats: LeafStats::default(),
+            asize,
+        });
+        if let Some(dev) = dev {
+            leaf.attach(dev);
+        }
+        leaf
+    }
+
+    /// Gives the leaf a device and starts its I/O worker.
+    pub fn attach(self: &Arc<Self>, dev: DeviceRef) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let worker_dev = dev.clone();
+        let weak = Arc::downgrade(self);
+        thread::Builder::new()
+            .name(format!("vdev-{:x}", self.guid & 0xffff))
+            .spawn(move || worker(worker_dev, rx, weak))
+            .expect("spawn vdev worker");
+        let mut inner = self.inner.lock();
+        inner.dev = Some(dev);
+        inner.queue = Some(tx);
+        inner.state = VdevState::Online;
+        inner.reason = None;
+    }
+
+    pub fn device(&self) -> Option<DeviceRef> {
+        self.inner.lock().dev.clone()
+    }
+
+    pub fn state(&self) -> VdevState {
+        self.inner.lock().state
+    }
+
+    pub fn reason(&self) -> Option<String> {
+        self.inner.lock().reason.clone()
+    }
+
+    pub fn is_usable(&self) -> bool {
+        self.state().usable()
+    }
+
+    /// Changes the state (and why). Leaves that are not usable get no I/O.
+    pub fn set_state(&self, state: VdevState, reason: Option<String>) {
+        let mut inner = self.inner.lock();
+        inner.state = state;
+        inner.reason = reason;
+    }
+
+    /// Marks the leaf FAULTED after a failed write or flush.
+    fn fault(&self, why: String) {
+        let mut inner = self.inner.lock();
+        if inner.state.usable() {
+            inner.state = VdevState::Faulted;
+            inner.reason = Some(why);
+        }
+    }
+
+    fn queue(&self) -> Option<Sender<Request>> {
+        let inner = self.inner.lock();
+        if inner.state.usable() {
+            inner.queue.clone()
+        } else {
+            None
+        }
+    }
+
+    /// Queues a write of `data` at data-area offset `offset`. A leaf that cannot take I/O
+    /// reports an error into the batch at once.
+    pub fn write(self: &Arc<Self>, offset: u64, data: Arc<[u8]>, batch: &Arc<IoBatch>) {
+        batch.start();
+        match self.queue() {
+            Some(q) => {
+                let req = Request::Write {
+                    offset: offset + FRONT_RESERVE,
+                    data,
+                    batch: batch.clone(),
+                };
+                if q.send(req).is_err() {
+                    batch.finish(self, Err(self.unavailable()));
+                }
+            }
+            None => batch.finish(self, Err(self.unavailable())),
+        }
+    }
+
+    pub fn flush(self: &Arc<Self>, batch: &Arc<IoBatch>) {
+        batch.start();
+        match self.queue() {
+            Some(q) => {
+                if q.send(Request::Flush { batch: batch.clone() }).is_err() {
+                    batch.finish(self, Err(self.unavailable()));
+                }
+            }
+            None => batch.finish(self, Err(self.unavailable())),
+        }
+    }
+
+    /// Queues a read; the result arrives on the returned channel.
+    pub fn read_async(
+        self: &Arc<Self>,
+        offset: u64,
+        len: usize,
+    ) -> Receiver<Result<Vec<u8>, DeviceError>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        match self.queue() {
+            Some(q) => {
+                let req = Request::Read {
+                    offset: offset + FRONT_RESERVE,
+                    len,
+                    reply: tx.clone(),
+                };
+                if q.send(req).is_err() {
+                    let _ = tx.send(Err(self.unavailable()));
+                }
+            }
+            None => {
+                let _ = tx.send(Err(self.unavailable()));
+            }
+        }
+        rx
+    }
+
+    pub fn read(self: &Arc<Self>, offset: u64, len: usize) -> Result<Vec<u8>, DeviceError> {
+        self.read_async(offset, len)
+            .recv()
+            .unwrap_or_else(|_| Err(self.unavailable()))
+    }
+
+    fn unavailable(&self) -> DeviceError {
+        DeviceError::Invalid {
+            dev: self.path.clone(),
+            what: format!("device is {}", self.state().name()),
+        }
+    }
+
+    pub fn count_cksum_error(&self) {
+        self.stats.cksum_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stops the worker (the leaf keeps its identity and counters).
+    pub fn close(&self) {
+        let mut inner = self.inner.lock();
+        inner.queue = None;
+        inner.dev = None;
+    }
+}
+
+fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
+    while let Ok(req) = rx.recv() {
+        let Some(leaf) = leaf.upgrade() else { return };
+        match req {
+            Request::Write {
+                offset,
+                data,
+                batch,
+            } => {
+                let r = dev.write_at(&data, offset);
+                leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
+                match &r {
+                    Ok(()) => {
+                        leaf.stats
+                            .write_bytes
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        leaf.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                        leaf.fault(format!("write failed: {e}"));
+                    }
+                }
+                batch.finish(&leaf, r);
+            }
+            Request::Flush { batch } => {
+                let r = dev.flush();
+                if let Err(e) = &r {
+                    leaf.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                    leaf.fault(format!("flush failed: {e}"));
+                }
+                batch.finish(&leaf, r);
+            }
+            Request::Read { offset, len, reply } => {
+                let mut buf = vec![0u8; len];
+                let r = dev.read_at(&mut buf, offset);
+                leaf.stats.read_ops.fetch_add(1, Ordering::Relaxed);
+                let r = match r {
+                    Ok(()) => {
+                        leaf.stats
+                            .read_bytes
+                            .fetch_add(len as u64, Ordering::Relaxed);
+                        Ok(buf)
+                    }
+                    Err(e) => {
+                        leaf.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+                        Err(e)
+                    }
+                };
+                let _ = reply.send(r);
+            }
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Top-level vdevs: a single disk, an n-way mirror, or RAID-Z1/2/3, and their self-healing reads.
+//!
+//! # Theory of operation
+//! A pool stripes blocks over top-level vdevs; each top-level vdev has its own address space
+//! (offsets in a DVA are in it). A disk maps it one to one onto its leaf's data area; a mirror
+//! onto every side; RAID-Z through [`RaidzGeometry::map`] onto columns of its children, each block
+//! its own full stripe (no read-modify-write, so no write hole).
+//!
+//! Reads take a `verify` function (the block checksum from the parent pointer). A read that
+//! verifies is done. A read that fails verification, or a device error, is healed here:
+//! - mirror: the other sides are tried; a good copy is written back over every bad side;
+//! - RAID-Z: missing columns are rebuilt from parity, and when no device reported an error the
+//!   combinations of columns are tried guided by the checksum (ZFS's combinatorial
+//!   reconstruction); every column found wrong is rewritten and counted as a CKSUM error.
+//!
+//! Healthy RAID-Z reads read only the data columns.
+//!
+//! # Failure model
+//! A leaf whose write fails is FAULTED (see `leaf.rs`); a write batch succeeds as long as every
+//! top-level vdev it touched can still be read in full ([`TopVdev::readable`]). Reads never
+//! return data that failed verification.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::codec::{encode_map, reconstruct_verified, ParityCodec};
+use crate::leaf::{IoBatch, Leaf, VdevState};
+use crate::raidz::RaidzGeometry;
+
+#[derive(Debug, Clone)]
+pub enum Layout {
+    Disk,
+    Mirror,
+    Raidz(RaidzGeometry),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VdevError {
+    #[error("vdev {vdev}: block at {offset:#x} ({len} bytes) could not be read or reconstructed")]
+    Unrecoverable { vdev: u32, offset: u64, len: u64 },
+    #[error("vdev {vdev}: not enough healthy devices to read or write")]
+    NotEnoughReplicas { vdev: u32 },
+    #[error("vdev {vdev}: access [{offset:#x}, +{len:#x}) outside its space of {space:#x} bytes")]
+    OutOfRange {
+        vdev: u32,
+        offset: u64,
+        len: u64,
+        space: u64,
+    },
+}
+
+/// What a read found, for the scrub and the tests.
+#[derive(Debug, Default, Clone)]
+pub struct ReadReport {
+    /// Columns or sides that returned wrong data or an error and were rewritten.
+    pub repaired: usize,
+    /// Reconstruction combinations tried (RAID-Z).
+    pub combinations: usize,
+}
+
+#[derive(Debug)]
+pub struct TopVdev {
+    pub id: u32,
+    pub guid: u64,
+    pub layout: Layout,
+    pub leaves: Vec<Arc<Leaf>>,
+    pub ashift: u32,
+    codec: Arc<ParityCodec>,
+}
+
+impl TopVdev {
+    pub fn new(
+        id: u32,
+        guid: u64,
+        layout: Layout,
+        leaves: Vec<Arc<Leaf>>,
+        ashift: u32,
+        codec: Arc<ParityCodec>,
+    ) -> Self {
+        assert!(!leaves.is_empty());
+        if let Layout::Raidz(g) = &layout {
+            assert_eq!(g.children(), leaves.len());
+        }
+        Self {
+            id,
+            guid,
+            layout,
+            leaves,
+            ashift,
+            codec,
+        }
+    }
+
+    pub fn sector(&self) -> u64 {
+        1 << self.ashift
+    }
+
+    /// Usable bytes per leaf (the smallest member's data area, sector aligned).
+    fn leaf_asize(&self) -> u64 {
+        let min = self.leaves.iter().map(|l| l.asize).min().unwrap_or(0);
+        min / self.sector() * self.sector()
+    }
+
+    /// Size of this vdev's address space.
+    pub fn space(&self) -> u64 {
+        match &self.layout {
+            Layout::Disk | Layout::Mirror => self.leaf_asize(),
+            Layout::Raidz(g) => g.vdev_space(self.leaf_asize()),
+        }
+    }
+
+    /// Usable capacity for data (parity excluded), as `pool list` reports SIZE.
+    pub fn capacity(&self) -> u64 {
+        match &self.layout {
+            Layout::Disk | Layout::Mirror => self.space(),
+            Layout::Raidz(g) => {
+                self.space() / g.children() as u64 * (g.children() - g.parity()) as u64
+            }
+        }
+    }
+
+    /// Allocated size of a block of `psize` physical bytes.
+    pub fn asize(&self, psize: u64) -> u64 {
+        let rounded = self.round(psize);
+        match &self.layout {
+            Layout::Disk | Layout::Mirror => rounded,
+            Layout::Raidz(g) => g.asize(rounded),
+        }
+    }
+
+    /// `psize` rounded up to whole sectors: what is written and read.
+    pub fn round(&self, psize: u64) -> u64 {
+        psize.div_ceil(self.sector()) * self.sector()
+    }
+
+    /// How many leaves may be lost while every block stays readable.
+    pub fn redundancy(&self) -> usize {
+        match &self.layout {
+            Layout::Disk => 0,
+            Layout::Mirror => self.leaves.len() - 1,
+            Layout::Raidz(g) => g.parity(),
+        }
+    }
+
+    fn unusable(&self) -> usize {
+        self.leaves.iter().filter(|l| !l.is_usable()).count()
+    }
+
+    /// True when every block of this vdev can still be read.
+    pub fn readable(&self) -> bool {
+        self.unusable() <= self.redundancy()
+    }
+
+    /// ONLINE with full redundancy, DEGRADED with less, UNAVAIL when blocks cannot be read.
+    pub fn state(&self) -> VdevState {
+        let bad = self.unusable();
+        if bad == 0 {
+            VdevState::Online
+        } else if bad <= self.redundancy() {
+            VdevState::Degraded
+        } else {
+            VdevState::Unavail
+        }
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        let space = self.space();
+        if offset.checked_add(len).is_none_or(|end| end > space) {
+            return Err(VdevError::OutOfRange {
+                vdev: self.id,
+                offset,
+                len,
+                space,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues the write of a block (`data.len()` a whole number of sectors) at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8], batch: &Arc<IoBatch>) -> Result<(), VdevError> {
+        debug_assert_eq!(data.len() as u64 % self.sector(), 0);
+        self.check_range(offset, self.asize(data.len() as u64))?;
+        match &self.layout {
+            Layout::Disk | Layout::Mirror => {
+                let shared: Arc<[u8]> = Arc::from(data);
+                for leaf in &self.leaves {
+                    leaf.write(offset, shared.clone(), batch);
+                }
+            }
+            Layout::Raidz(g) => {
+                let map = g.map(offset, data.len() as u64);
+                let cols = encode_map(&self.codec, &map, data);
+                for (col, buf) in map.cols.iter().zip(cols) {
+                    self.leaves[col.child].write(col.offset, Arc::from(buf), batch);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a block of `len` bytes (whole sectors) and heals what is bad; see the module docs.
+    pub fn read(
+        &self,
+        offset: u64,
+        len: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<(Vec<u8>, ReadReport), VdevError> {
+        self.check_range(offset, self.asize(len))?;
+        match &self.layout {
+            Layout::Disk | Layout::Mirror => self.read_mirror(offset, len, verify),
+            Layout::Raidz(g) => self.read_raidz(g, offset, len, verify),
+        }
+    }
+
+    fn read_mirror(
+        &self,
+        offset: u64,
+        len: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<(Vec<u8>, ReadReport), VdevError> {
+        let n = self.leaves.len();
+        // Spread reads of a healthy mirror over its sides, one MiB region at a time.
+        let start = ((offset >> 20) as usize) % n;
+        let mut bad: Vec<&Arc<Leaf>> = Vec::new();
+        let mut good = None;
+        for i in 0..n {
+            let leaf = &self.leaves[(start + i) % n];
+            if !leaf.is_usable() {
+                continue;
+            }
+            match leaf.read(offset, len as usize) {
+                Ok(buf) if verify(&buf) => {
+                    good = Some(buf);
+                    break;
+                }
+                Ok(_) => {
+                    leaf.count_cksum_error();
+                    bad.push(leaf);
+                }
+                Err(_) => bad.push(leaf),
+            }
+        }
+        let Some(buf) = good else {
+            return Err(VdevError::Unrecoverable {
+                vdev: self.id,
+                offset,
+                len,
+            });
+        };
+        let mut report = ReadReport::default();
+        if !bad.is_empty() {
+            let batch = IoBatch::new();
+            let shared: Arc<[u8]> = Arc::from(&buf[..]);
+            for leaf in &bad {
+                leaf.write(offset, shared.clone(), &batch);
+            }
+            let failed = batch.wait();
+            for leaf in &bad {
+                if !failed.iter().any(|(l, _)| Arc::ptr_eq(l, leaf)) {
+                    leaf.stats.repaired_bytes.fetch_add(len, Ordering::Relaxed);
+                    report.repaired += 1;
+                }
+            }
+        }
+        Ok((buf, report))
+    }
+
+    fn read_raidz(
+        &self,
+        g: &RaidzGeometry,
+        offset: u64,
+        len: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<(Vec<u8>, ReadReport), VdevError> {
+        let map = g.map(offset, len);
+        let parity = map.parity;
+        // First try: the data columns only.
+        let mut cols: Vec<Option<Vec<u8>>> = vec![None; map.cols.len()];
+        let pending: Vec<_> = map
+            .cols
+            .iter()
+            .enumerate()
+            .skip(parity)
+            .map(|(i, c)| (i, self.leaves[c.child].read_async(c.offset, c.size as usize)))
+            .collect();
+        for (i, rx) in pending {
+            cols[i] = rx.recv().ok().and_then(Result::ok);
+        }
+        if cols[parity..].iter().all(Option::is_some) {
+            let mut data = Vec::with_capacity(len as usize);
+            for c in &cols[parity..] {
+                data.extend_from_slice(c.as_ref().expect("present"));
+            }
+            if verify(&data) {
+                return Ok((data, ReadReport::default()));
+            }
+        }
+        // Slow path: read the parity too and reconstruct.
+        let pending: Vec<_> = map
+            .cols
+            .iter()
+            .enumerate()
+            .take(parity)
+            .map(|(i, c)| (i, self.leaves[c.child].read_async(c.offset, c.size as usize)))
+            .collect();
+        for (i, rx) in pending {
+            cols[i] = rx.recv().ok().and_then(Result::ok);
+        }
+        let missing: Vec<bool> = cols.iter().map(Option::is_none).collect();
+        let rec = reconstruct_verified(&self.codec, &map, cols, verify).map_err(|_| {
+            VdevError::Unrecoverable {
+                vdev: self.id,
+                offset,
+                len,
+            }
+        })?;
+        let mut report = ReadReport {
+            repaired: 0,
+            combinations: rec.combinations_tried,
+        };
+        if !rec.bad_cols.is_empty() {
+            let good_cols = encode_map(&self.codec, &map, &rec.data);
+            let batch = IoBatch::new();
+            let mut rewritten = Vec::new();
+            for &i in &rec.bad_cols {
+                let col = &map.cols[i];
+                let leaf = &self.leaves[col.child];
+                if !missing[i] {
+                    leaf.count_cksum_error();
+                }
+                if leaf.is_usable() {
+                    leaf.write(col.offset, Arc::from(&good_cols[i][..]), &batch);
+                    rewritten.push((leaf.clone(), col.size));
+                }
+            }
+            let failed = batch.wait();
+            for (leaf, size) in rewritten {
+                if !failed.iter().any(|(l, _)| Arc::ptr_eq(l, &leaf)) {
+                    leaf.stats.repaired_bytes.fetch_add(size, Ordering::Relaxed);
+                    report.repaired += 1;
+                }
+            }
+        }
+        Ok((rec.data, report))
+    }
+
+    /// Queues a flush of every usable leaf.
+    pub fn flush(&self, batch: &Arc<IoBatch>) {
+        for leaf in &self.leaves {
+            if leaf.is_usable() {
+                leaf.flush(batch);
+            }
+        }
+    }
+
+    pub fn type_name(&self) -> String {
+        match &self.layout {
+            Layout::Disk => "disk".into(),
+            Layout::Mirror => "mirror".into(),
+            Layout::Raidz(g) => format!("raidz{}", g.parity()),
+        }
+    }
+}
