@@ -283,7 +283,11 @@ impl SpaceAllocator {
     }
 
     pub fn deferred_bytes(&self) -> u64 {
-        self.deferred.values().flatten().map(|&(_, _, len)| len).sum()
+        self.deferred
+            .values()
+            .flatten()
+            .map(|&(_, _, len)| len)
+            .sum()
     }
 
     /// The reserve only metadata may use: 1/32 of the pool, as ZFS's spa_slop_shift.
@@ -379,9 +383,11 @@ impl SpaceAllocator {
 
     /// Frees an extent in `txg`; it becomes reusable when txg `txg + DEFER_TXGS` begins.
     pub fn free(&mut self, vdev: u32, offset: u64, len: u64, txg: u64) -> Result<(), BlockError> {
-        let space = self.vdevs.get(vdev as usize).and_then(|v| v.as_ref()).ok_or_else(|| {
-            BlockError::SpaceMap(format!("free on unknown vdev {vdev}"))
-        })?;
+        let space = self
+            .vdevs
+            .get(vdev as usize)
+            .and_then(|v| v.as_ref())
+            .ok_or_else(|| BlockError::SpaceMap(format!("free on unknown vdev {vdev}")))?;
         if offset + len > space.size || space.free.overlaps(offset, offset + len) {
             return Err(BlockError::SpaceMap(format!(
                 "double free or bad extent: vdev {vdev} [{offset:#x}, +{len:#x})"
@@ -420,6 +426,11 @@ impl SpaceAllocator {
     /// The records accumulated since the last call.
     pub fn take_pending(&mut self) -> Vec<SpaceRecord> {
         std::mem::take(&mut self.pending)
+    }
+
+    /// Replaces the pending records (import queues the allocations the next txg must record).
+    pub fn set_pending(&mut self, records: Vec<SpaceRecord>) {
+        self.pending = records;
     }
 
     /// Re-applies a logged record on import (no new pending record is produced).
@@ -492,7 +503,11 @@ impl SpaceAllocator {
 
     /// Number of pending records a condensed description would need.
     pub fn condensed_len(&self) -> usize {
-        self.vdevs.iter().flatten().map(|v| v.free.len() + 1).sum::<usize>()
+        self.vdevs
+            .iter()
+            .flatten()
+            .map(|v| v.free.len() + 1)
+            .sum::<usize>()
             + self.deferred.values().map(Vec::len).sum::<usize>()
     }
 
@@ -538,10 +553,16 @@ mod tests {
         assert_eq!((v, len), (0, 1 << 20));
         a.free(v, off, len, 6).unwrap();
         a.begin_txg(6 + DEFER_TXGS - 1).unwrap();
-        assert!(a.is_allocated(0, off, len), "still allocated while deferred");
+        assert!(
+            a.is_allocated(0, off, len),
+            "still allocated while deferred"
+        );
         a.begin_txg(6 + DEFER_TXGS).unwrap();
         assert!(!a.is_allocated(0, off, len), "released after the deferral");
-        assert!(a.free(v, off, len, 20).is_err(), "freeing a free extent is refused");
+        assert!(
+            a.free(v, off, len, 20).is_err(),
+            "freeing a free extent is refused"
+        );
     }
 
     #[test]

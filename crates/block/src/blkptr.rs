@@ -110,7 +110,11 @@ impl BlockPtr {
         let mut out = [0u8; BLKPTR_SIZE];
         for (i, dva) in self.dvas.iter().enumerate() {
             let base = i * 16;
-            debug_assert!(dva.asize % 512 == 0, "asize {} not in 512-byte units", dva.asize);
+            debug_assert!(
+                dva.asize % 512 == 0,
+                "asize {} not in 512-byte units",
+                dva.asize
+            );
             out[base..base + 4].copy_from_slice(&dva.vdev.to_le_bytes());
             out[base + 4..base + 8].copy_from_slice(&((dva.asize / 512) as u32).to_le_bytes());
             out[base + 8..base + 16].copy_from_slice(&dva.offset.to_le_bytes());
@@ -130,14 +134,18 @@ impl BlockPtr {
     /// Decodes a pointer; `Ok(None)` for a hole.
     pub fn decode(raw: &[u8]) -> Result<Option<BlockPtr>, BlockError> {
         if raw.len() < BLKPTR_SIZE {
-            return Err(BlockError::Decode("block pointer shorter than 128 bytes".into()));
+            return Err(BlockError::Decode(
+                "block pointer shorter than 128 bytes".into(),
+            ));
         }
         let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"));
         let birth_txg = u64_at(64);
         if birth_txg == 0 {
             if raw[..BLKPTR_SIZE].iter().any(|&b| b != 0) {
-                return Err(BlockError::Decode("hole pointer with non-zero fields".into()));
+                return Err(BlockError::Decode(
+                    "hole pointer with non-zero fields".into(),
+                ));
             }
             return Ok(None);
         }
@@ -151,7 +159,9 @@ impl BlockPtr {
             };
         }
         if dvas[0].is_empty() {
-            return Err(BlockError::Decode("block pointer without a first DVA".into()));
+            return Err(BlockError::Decode(
+                "block pointer without a first DVA".into(),
+            ));
         }
         let kind = BlockKind::from_u8(raw[48])
             .ok_or_else(|| BlockError::Decode(format!("unknown block kind {}", raw[48])))?;
@@ -165,7 +175,9 @@ impl BlockPtr {
             return Err(BlockError::Decode("block pointer with zero size".into()));
         }
         if compression == Compression::Off && psize != lsize {
-            return Err(BlockError::Decode("uncompressed block with psize != lsize".into()));
+            return Err(BlockError::Decode(
+                "uncompressed block with psize != lsize".into(),
+            ));
         }
         if psize > lsize {
             return Err(BlockError::Decode("psize larger than lsize".into()));
@@ -229,8 +241,16 @@ mod tests {
     fn sample() -> BlockPtr {
         BlockPtr {
             dvas: [
-                Dva { vdev: 1, asize: 8192, offset: 0x1000 },
-                Dva { vdev: 2, asize: 4096, offset: 0x40000 },
+                Dva {
+                    vdev: 1,
+                    asize: 8192,
+                    offset: 0x1000,
+                },
+                Dva {
+                    vdev: 2,
+                    asize: 4096,
+                    offset: 0x40000,
+                },
                 Dva::default(),
             ],
             kind: BlockKind::TreeNode,

@@ -68,7 +68,11 @@ mod tests {
     #[test]
     fn kinds_differ_and_detect_flips() {
         let mut data = vec![0x5au8; 4096];
-        for kind in [ChecksumKind::Blake3, ChecksumKind::Xxh128, ChecksumKind::Sha256] {
+        for kind in [
+            ChecksumKind::Blake3,
+            ChecksumKind::Xxh128,
+            ChecksumKind::Sha256,
+        ] {
             let a = kind.compute(&data);
             data[100] ^= 1;
             assert_ne!(a, kind.compute(&data), "{kind:?} missed a bit flip");

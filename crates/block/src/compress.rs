@@ -109,18 +109,28 @@ mod tests {
 
     #[test]
     fn parse_names() {
-        assert_eq!(Compression::parse("zstd-19").unwrap(), Compression::Zstd(19));
+        assert_eq!(
+            Compression::parse("zstd-19").unwrap(),
+            Compression::Zstd(19)
+        );
         assert_eq!(Compression::parse("zstd").unwrap().name(), "zstd");
         assert!(Compression::parse("zstd-20").is_err());
         assert!(Compression::parse("gzip").is_err());
-        for c in [Compression::Off, Compression::Lz4, Compression::Zstd(1), Compression::Zstd(19)] {
+        for c in [
+            Compression::Off,
+            Compression::Lz4,
+            Compression::Zstd(1),
+            Compression::Zstd(19),
+        ] {
             assert_eq!(Compression::from_u8(c.to_u8()), Some(c));
         }
     }
 
     #[test]
     fn compressible_round_trip_and_incompressible_raw() {
-        let text: Vec<u8> = (0..131072u32).map(|i| b"tank pool "[(i % 10) as usize]).collect();
+        let text: Vec<u8> = (0..131072u32)
+            .map(|i| b"tank pool "[(i % 10) as usize])
+            .collect();
         for c in [Compression::Lz4, Compression::Zstd(3)] {
             let z = c.compress(&text).expect("text compresses");
             assert!(z.len() < text.len() / 8);

@@ -310,7 +310,11 @@ impl Leaf {
         batch.start();
         match self.queue() {
             Some(q) => {
-                if q.send(Request::Flush { batch: batch.clone() }).is_err() {
+                if q.send(Request::Flush {
+                    batch: batch.clone(),
+                })
+                .is_err()
+                {
                     batch.finish(self, Err(self.unavailable()));
                 }
             }

@@ -282,7 +282,12 @@ impl TopVdev {
             .iter()
             .enumerate()
             .skip(parity)
-            .map(|(i, c)| (i, self.leaves[c.child].read_async(c.offset, c.size as usize)))
+            .map(|(i, c)| {
+                (
+                    i,
+                    self.leaves[c.child].read_async(c.offset, c.size as usize),
+                )
+            })
             .collect();
         for (i, rx) in pending {
             cols[i] = rx.recv().ok().and_then(Result::ok);
@@ -302,7 +307,12 @@ impl TopVdev {
             .iter()
             .enumerate()
             .take(parity)
-            .map(|(i, c)| (i, self.leaves[c.child].read_async(c.offset, c.size as usize)))
+            .map(|(i, c)| {
+                (
+                    i,
+                    self.leaves[c.child].read_async(c.offset, c.size as usize),
+                )
+            })
             .collect();
         for (i, rx) in pending {
             cols[i] = rx.recv().ok().and_then(Result::ok);

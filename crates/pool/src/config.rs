@@ -1,0 +1,157 @@
+//! The pool configuration stored in every label: name, guids, state, and the vdev tree.
+//!
+//! # Theory of operation
+//! The configuration is a small JSON document (docs/FORMAT.md §"Label config") so that it
+//! stays readable with `tank debug label` and extensible by adding fields. It is written to
+//! all four labels of every member at create, import, export and whenever the vdev tree
+//! changes, with its own `txg`: on import the copy with the highest `txg` wins.
+
+use serde::{Deserialize, Serialize};
+
+/// On-disk format version of tank pools (labels, uberblocks, blocks). docs/FORMAT.md.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Feature flags this build can read. A pool whose label lists a feature not here is refused.
+pub const SUPPORTED_FEATURES: &[&str] = &["spacemap_log", "cow_btree", "raidz_rs"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolState {
+    Active,
+    Exported,
+    Destroyed,
+}
+
+impl PoolState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Active => "ACTIVE",
+            Self::Exported => "EXPORTED",
+            Self::Destroyed => "DESTROYED",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VdevClass {
+    Normal,
+    Log,
+    Cache,
+    Spare,
+    Special,
+}
+
+impl VdevClass {
+    pub fn section(self) -> Option<&'static str> {
+        match self {
+            Self::Normal => None,
+            Self::Log => Some("logs"),
+            Self::Cache => Some("cache"),
+            Self::Spare => Some("spares"),
+            Self::Special => Some("special"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopKind {
+    Disk,
+    Mirror,
+    Raidz,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeafConfig {
+    pub guid: u64,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopConfig {
+    pub id: u32,
+    pub guid: u64,
+    pub class: VdevClass,
+    pub kind: TopKind,
+    #[serde(default)]
+    pub parity: u8,
+    pub children: Vec<LeafConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolConfig {
+    pub version: u32,
+    pub name: String,
+    pub guid: u64,
+    pub state: PoolState,
+    pub hostname: String,
+    /// Txg at which this configuration was written.
+    pub txg: u64,
+    pub create_time: u64,
+    pub features: Vec<String>,
+    pub ashift: u32,
+    /// Usable bytes of every leaf's data area (the smallest member's).
+    pub leaf_asize: u64,
+    pub vdevs: Vec<TopConfig>,
+}
+
+impl PoolConfig {
+    pub fn leaves(&self) -> impl Iterator<Item = (&TopConfig, &LeafConfig)> {
+        self.vdevs
+            .iter()
+            .flat_map(|t| t.children.iter().map(move |l| (t, l)))
+    }
+
+    /// Sum of all leaf guids, recorded in uberblocks to tell pools apart.
+    pub fn guid_sum(&self) -> u64 {
+        self.leaves()
+            .fold(self.guid, |acc, (_, l)| acc.wrapping_add(l.guid))
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("config serializes")
+    }
+
+    pub fn from_json(raw: &[u8]) -> Result<Self, String> {
+        let cfg: PoolConfig = serde_json::from_slice(raw).map_err(|e| e.to_string())?;
+        if cfg.version != FORMAT_VERSION {
+            return Err(format!(
+                "pool format version {} is not supported (this build reads {FORMAT_VERSION})",
+                cfg.version
+            ));
+        }
+        for f in &cfg.features {
+            if !SUPPORTED_FEATURES.contains(&f.as_str()) {
+                return Err(format!("pool uses unsupported feature '{f}'"));
+            }
+        }
+        if !(9..=16).contains(&cfg.ashift) {
+            return Err(format!("invalid ashift {}", cfg.ashift));
+        }
+        for (i, t) in cfg.vdevs.iter().enumerate() {
+            if t.id as usize != i || t.children.is_empty() {
+                return Err(format!("invalid vdev {i} in config"));
+            }
+            if t.kind == TopKind::Raidz
+                && (!(1..=3).contains(&t.parity) || t.children.len() < usize::from(t.parity) + 1)
+            {
+                return Err(format!("invalid raidz vdev {i} in config"));
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

@@ -1,0 +1,1456 @@
+//! The pool: create, import, the sync thread and txg commit, export, destroy, status.
+//!
+//! # Theory of operation
+//! See the crate documentation for the txg pipeline. This file holds:
+//! - `create`: validates the spec and the devices, writes labels and commits txg 1, and on any
+//!   failure clears the labels it wrote (never a half-created pool);
+//! - `import`: reads labels, builds the vdev tree (missing devices become UNAVAIL), picks the
+//!   newest uberblock whose metadata verifies (or, with `rewind`, an older one within the
+//!   deferral window), replays the space map log and starts the sync thread;
+//! - `commit_txg`: the write order of invariant 2 (blocks, flush, uberblocks, flush).
+//!
+//! # Concurrency
+//! `meta` (mutex) holds the commit state (last root block, history queue); only the sync
+//! thread and export touch it while the pool runs. Readers use the block store directly.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rand::Rng;
+use serde::Serialize;
+use tank_block::{
+    BlockKind, BlockPtr, BlockStore, SpaceAllocator, SpaceOp, SpaceRecord, WriteProps, DEFER_TXGS,
+};
+use tank_device::DeviceRef;
+use tank_vdev::{
+    usable_size, IoBatch, Layout, Leaf, LeafStatsSnapshot, ParityCodec, RaidzGeometry, TopVdev,
+    VdevState, MIN_DEVICE_SIZE,
+};
+
+use crate::commit::{
+    decode_objset_table, encode_objset_table, RootBlock, SpaceMapBlock, CONDENSE_CHAIN,
+};
+use crate::config::{
+    hostname, now_secs, LeafConfig, PoolConfig, PoolState, TopConfig, TopKind, VdevClass,
+    FORMAT_VERSION, SUPPORTED_FEATURES,
+};
+use crate::history::{self, HistoryRecord};
+use crate::label::{self, Uberblock};
+use crate::spec::{PoolSpec, VdevSpec};
+use crate::txg::{Tx, TxgManager, TxgTunables};
+use crate::PoolError;
+
+/// What the layer above (object sets) does at each txg. Registered with [`Pool::set_syncer`].
+pub trait Syncer: Send + Sync {
+    /// Called with every transaction of `txg` finished and none of `txg + 1` started: freeze
+    /// what `txg` changed (must be cheap).
+    fn quiesce(&self, txg: u64);
+    /// Writes what was frozen for `txg` and returns the objset table (id, root).
+    fn sync(&self, ctx: &SyncContext<'_>) -> Result<Vec<(u64, Option<BlockPtr>)>, PoolError>;
+    /// Whether anything changed since the last quiesce.
+    fn is_dirty(&self) -> bool;
+}
+
+pub struct SyncContext<'a> {
+    pub txg: u64,
+    pub blocks: &'a BlockStore,
+    pub batch: &'a Arc<IoBatch>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    pub ashift: u32,
+    pub force: bool,
+    pub tunables: TxgTunables,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        Self {
+            ashift: 12,
+            force: false,
+            tunables: TxgTunables::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Pool name or numeric guid; None imports the only pool found.
+    pub name: Option<String>,
+    /// Rewind to an older txg when the newest one does not verify (`import -F`).
+    pub rewind: bool,
+    /// Import a pool that looks active on another host, or destroyed.
+    pub force: bool,
+    pub tunables: Option<TxgTunables>,
+}
+
+/// A pool found on devices, for `pool import` without a name.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImportCandidate {
+    pub name: String,
+    pub guid: u64,
+    pub state: String,
+    pub hostname: String,
+    pub devices_found: usize,
+    pub devices_total: usize,
+    pub missing: Vec<String>,
+    pub importable: bool,
+    pub vdevs: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VdevStatus {
+    pub name: String,
+    pub state: String,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub cksum_errors: u64,
+    pub note: Option<String>,
+    pub children: Vec<VdevStatus>,
+    #[serde(skip)]
+    pub stats: LeafStatsSnapshot,
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolSpace {
+    pub size: u64,
+    pub allocated: u64,
+    pub free: u64,
+    pub deferred: u64,
+    /// Capacity for data, parity excluded.
+    pub usable: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub guid: u64,
+    pub state: String,
+    pub status: Option<String>,
+    pub action: Option<String>,
+    pub txg: u64,
+    pub config: Vec<VdevStatus>,
+    pub sections: Vec<(String, Vec<VdevStatus>)>,
+    pub space: PoolSpace,
+    pub healed_blocks: u64,
+    pub suspended: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Meta {
+    root: Option<RootBlock>,
+    root_bp: Option<BlockPtr>,
+    history_pending: Vec<HistoryRecord>,
+    /// Space map chain blocks from head to the condensed start (freed when condensing).
+    spacemap_chain: Vec<BlockPtr>,
+    objsets: Vec<(u64, Option<BlockPtr>)>,
+}
+
+pub struct Pool {
+    config: Mutex<PoolConfig>,
+    pub blocks: Arc<BlockStore>,
+    tops: Vec<(VdevClass, Arc<TopVdev>)>,
+    txg: TxgManager,
+    meta: Mutex<Meta>,
+    syncer: Mutex<Option<Arc<dyn Syncer>>>,
+    sync_thread: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+    /// Messages for the user gathered on import (missing devices, rewinds).
+    pub import_notes: Vec<String>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("name", &self.name()).finish()
+    }
+}
+
+/// Checks a pool name against the zpool rules.
+pub fn validate_pool_name(name: &str) -> Result<(), PoolError> {
+    let bad = |why: &str| {
+        Err(PoolError::InvalidArgument(format!(
+            "invalid pool name '{name}': {why}"
+        )))
+    };
+    if name.is_empty() {
+        return bad("name is empty");
+    }
+    if name.len() > 200 {
+        return bad("name is longer than 200 characters");
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return bad("name must begin with a letter");
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_-.:".contains(*c)))
+    {
+        return bad(&format!("invalid character '{c}' in name"));
+    }
+    let reserved = [
+        "mirror", "raidz", "draid", "spare", "log", "cache", "special",
+    ];
+    if reserved.iter().any(|r| name.starts_with(r)) {
+        return bad("name is reserved");
+    }
+    Ok(())
+}
+
+fn new_guid() -> u64 {
+    rand::thread_rng().gen_range(1..u64::MAX)
+}
+
+fn build_top(
+    tc: &TopConfig,
+    ashift: u32,
+    leaves: Vec<Arc<Leaf>>,
+    codec: &Arc<ParityCodec>,
+) -> Result<TopVdev, PoolError> {
+    let layout = match tc.kind {
+        TopKind::Disk => Layout::Disk,
+        TopKind::Mirror => Layout::Mirror,
+        TopKind::Raidz => Layout::Raidz(
+            RaidzGeometry::new(tc.children.len(), usize::from(tc.parity), ashift)
+                .map_err(|e| PoolError::InvalidSpec(e.to_string()))?,
+        ),
+    };
+    Ok(TopVdev::new(
+        tc.id,
+        tc.guid,
+        layout,
+        leaves,
+        ashift,
+        codec.clone(),
+    ))
+}
+
+impl Pool {
+    pub fn name(&self) -> String {
+        self.config.lock().name.clone()
+    }
+
+    pub fn guid(&self) -> u64 {
+        self.config.lock().guid
+    }
+
+    pub fn config(&self) -> PoolConfig {
+        self.config.lock().clone()
+    }
+
+    pub fn ashift(&self) -> u32 {
+        self.config.lock().ashift
+    }
+
+    pub fn tops(&self) -> &[(VdevClass, Arc<TopVdev>)] {
+        &self.tops
+    }
+
+    /// Creates a pool on `devices` (name in the spec → opened device).
+    pub fn create(
+        name: &str,
+        spec: &PoolSpec,
+        devices: &HashMap<String, DeviceRef>,
+        opts: &CreateOptions,
+    ) -> Result<(Arc<Pool>, Vec<String>), PoolError> {
+        validate_pool_name(name)?;
+        if !(9..=16).contains(&opts.ashift) {
+            return Err(PoolError::InvalidArgument(format!(
+                "ashift {} is out of range (9 to 16)",
+                opts.ashift
+            )));
+        }
+        let mut warnings = Vec::new();
+        let all = spec.all_devices();
+        for d in &all {
+            let dev = devices
+                .get(d)
+                .ok_or_else(|| PoolError::InvalidArgument(format!("cannot open '{d}'")))?;
+            if dev.size() < MIN_DEVICE_SIZE {
+                return Err(PoolError::InvalidArgument(format!(
+                    "device '{d}' is too small ({} bytes; the minimum is {} MiB)",
+                    dev.size(),
+                    MIN_DEVICE_SIZE >> 20
+                )));
+            }
+            if let Some(l) = label::best_label(dev.as_ref()) {
+                if l.config.state != PoolState::Destroyed && !opts.force {
+                    return Err(PoolError::InvalidArgument(format!(
+                        "device '{d}' is part of {} pool '{}' (last used on host '{}'); use -f to override",
+                        l.config.state.name().to_lowercase(),
+                        l.config.name,
+                        l.config.hostname
+                    )));
+                }
+            }
+        }
+        // Only data and special vdevs set the common leaf size; the smallest wins.
+        let sizes: Vec<(String, u64)> = all
+            .iter()
+            .map(|d| (d.clone(), usable_size(devices[d].size())))
+            .collect();
+        let min = sizes
+            .iter()
+            .map(|s| s.1)
+            .min()
+            .expect("at least one device");
+        let max = sizes
+            .iter()
+            .map(|s| s.1)
+            .max()
+            .expect("at least one device");
+        let sector = 1u64 << opts.ashift;
+        let leaf_asize = min / sector * sector;
+        if max > min {
+            let small: Vec<&str> = sizes
+                .iter()
+                .filter(|s| s.1 == min)
+                .map(|s| s.0.as_str())
+                .collect();
+            warnings.push(format!(
+                "devices differ in size: every device is used as {} MiB, the size of the smallest ({}); up to {} MiB per device is unused",
+                leaf_asize >> 20,
+                small.join(", "),
+                (max - min) >> 20
+            ));
+        }
+        let mut vdevs = Vec::new();
+        let mut push = |class: VdevClass, v: &VdevSpec| {
+            let (kind, parity, devs) = match v {
+                VdevSpec::Disk(d) => (TopKind::Disk, 0, vec![d.clone()]),
+                VdevSpec::Mirror(d) => (TopKind::Mirror, 0, d.clone()),
+                VdevSpec::Raidz { parity, devices } => (TopKind::Raidz, *parity, devices.clone()),
+            };
+            let id = vdevs.len() as u32;
+            vdevs.push(TopConfig {
+                id,
+                guid: new_guid(),
+                class,
+                kind,
+                parity,
+                children: devs
+                    .into_iter()
+                    .map(|path| LeafConfig {
+                        guid: new_guid(),
+                        path,
+                    })
+                    .collect(),
+            });
+        };
+        for v in &spec.data {
+            push(VdevClass::Normal, v);
+        }
+        for v in &spec.special {
+            push(VdevClass::Special, v);
+        }
+        for v in &spec.log {
+            push(VdevClass::Log, v);
+        }
+        for d in &spec.cache {
+            push(VdevClass::Cache, &VdevSpec::Disk(d.clone()));
+        }
+        for d in &spec.spare {
+            push(VdevClass::Spare, &VdevSpec::Disk(d.clone()));
+        }
+        let config = PoolConfig {
+            version: FORMAT_VERSION,
+            name: name.to_string(),
+            guid: new_guid(),
+            state: PoolState::Active,
+            hostname: hostname(),
+            txg: 1,
+            create_time: now_secs(),
+            features: SUPPORTED_FEATURES.iter().map(|s| s.to_string()).collect(),
+            ashift: opts.ashift,
+            leaf_asize,
+            vdevs,
+        };
+        let devs: HashMap<u64, DeviceRef> = config
+            .leaves()
+            .map(|(_, l)| (l.guid, devices[&l.path].clone()))
+            .collect();
+        let result = (|| {
+            let pool = Self::assemble(config.clone(), &devs, opts.tunables, 1, Vec::new())?;
+            pool.write_config(PoolState::Active)?;
+            {
+                let mut alloc = pool.blocks.alloc.lock();
+                for (class, top) in &pool.tops {
+                    alloc.add_vdev(
+                        top.id,
+                        top.space(),
+                        top.sector(),
+                        *class == VdevClass::Normal,
+                    );
+                }
+            }
+            pool.commit_txg(1, Vec::new())?;
+            {
+                let mut inner = pool.txg.inner.lock();
+                inner.open = 2;
+                inner.synced = 1;
+                inner.idle_upto = 1;
+            }
+            Ok(Arc::new(pool))
+        })();
+        match result {
+            Ok(pool) => {
+                pool.start_sync_thread();
+                Ok((pool, warnings))
+            }
+            Err(e) => {
+                for dev in devs.values() {
+                    let _ = label::clear_labels(dev.as_ref());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Builds the in-memory pool from a config; missing leaves become UNAVAIL.
+    fn assemble(
+        config: PoolConfig,
+        devs: &HashMap<u64, DeviceRef>,
+        tunables: TxgTunables,
+        open_txg: u64,
+        notes: Vec<String>,
+    ) -> Result<Pool, PoolError> {
+        let codec = Arc::new(ParityCodec::new());
+        let mut tops = Vec::new();
+        let mut slots: Vec<Option<Arc<TopVdev>>> = Vec::new();
+        for tc in &config.vdevs {
+            let leaves: Vec<Arc<Leaf>> = tc
+                .children
+                .iter()
+                .map(|lc| {
+                    let dev = devs.get(&lc.guid).cloned();
+                    let leaf = Leaf::new(lc.guid, lc.path.clone(), config.leaf_asize, None);
+                    if let Some(dev) = dev {
+                        if usable_size(dev.size()) < config.leaf_asize {
+                            leaf.set_state(
+                                VdevState::Unavail,
+                                Some(format!(
+                                    "device is smaller than the pool recorded ({} < {} bytes of data area): truncated?",
+                                    usable_size(dev.size()),
+                                    config.leaf_asize
+                                )),
+                            );
+                        } else {
+                            leaf.attach(dev);
+                        }
+                    }
+                    leaf
+                })
+                .collect();
+            let top = Arc::new(build_top(tc, config.ashift, leaves, &codec)?);
+            slots.push(Some(top.clone()));
+            tops.push((tc.class, top));
+        }
+        Ok(Pool {
+            config: Mutex::new(config),
+            blocks: Arc::new(BlockStore::new(slots, SpaceAllocator::new())),
+            tops,
+            txg: TxgManager::new(open_txg, tunables),
+            meta: Mutex::new(Meta::default()),
+            syncer: Mutex::new(None),
+            sync_thread: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            import_notes: notes,
+        })
+    }
+
+    fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        self.tops.iter().flat_map(|(_, t)| t.leaves.iter())
+    }
+
+    fn top_guid_of(&self, leaf: &Leaf) -> u64 {
+        self.tops
+            .iter()
+            .find(|(_, t)| t.leaves.iter().any(|l| l.guid == leaf.guid))
+            .map(|(_, t)| t.guid)
+            .unwrap_or(0)
+    }
+
+    /// Writes the config with `state` to every usable leaf: L0/L2, flush, L1/L3, flush.
+    fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
+        let cfg = {
+            let mut c = self.config.lock();
+            c.state = state;
+            c.hostname = hostname();
+            c.txg = c.txg.max(self.txg.synced_txg()) + 1;
+            c.clone()
+        };
+        let mut written = 0;
+        for half in [[0usize, 2], [1, 3]] {
+            for leaf in self.leaves() {
+                if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
+                    let r = label::write_labels(
+                        dev.as_ref(),
+                        &cfg,
+                        leaf.guid,
+                        self.top_guid_of(leaf),
+                        &half,
+                    )
+                    .and_then(|_| dev.flush().map_err(PoolError::from));
+                    if r.is_ok() {
+                        written += 1;
+                    }
+                }
+            }
+        }
+        if written == 0 {
+            return Err(PoolError::Import("could not write any label".into()));
+        }
+        Ok(())
+    }
+
+    /// Reads the labels of `devices` and lists the pools on them.
+    pub fn scan(devices: &[DeviceRef]) -> Vec<ImportCandidate> {
+        let mut pools: BTreeMap<u64, (PoolConfig, Vec<u64>)> = BTreeMap::new();
+        for dev in devices {
+            if let Some(l) = label::best_label(dev.as_ref()) {
+                let entry = pools
+                    .entry(l.pool_guid)
+                    .or_insert_with(|| (l.config.clone(), Vec::new()));
+                if l.config.txg > entry.0.txg {
+                    entry.0 = l.config.clone();
+                }
+                entry.1.push(l.leaf_guid);
+            }
+        }
+        pools
+            .into_values()
+            .map(|(cfg, found)| {
+                let missing: Vec<String> = cfg
+                    .leaves()
+                    .filter(|(_, l)| !found.contains(&l.guid))
+                    .map(|(_, l)| l.path.clone())
+                    .collect();
+                let importable = cfg
+                    .vdevs
+                    .iter()
+                    .filter(|t| t.class == VdevClass::Normal)
+                    .all(|t| {
+                        let lost = t
+                            .children
+                            .iter()
+                            .filter(|l| !found.contains(&l.guid))
+                            .count();
+                        let redundancy = match t.kind {
+                            TopKind::Disk => 0,
+                            TopKind::Mirror => t.children.len() - 1,
+                            TopKind::Raidz => usize::from(t.parity),
+                        };
+                        lost <= redundancy
+                    });
+                ImportCandidate {
+                    name: cfg.name.clone(),
+                    guid: cfg.guid,
+                    state: cfg.state.name().into(),
+                    hostname: cfg.hostname.clone(),
+                    devices_found: found.len(),
+                    devices_total: cfg.leaves().count(),
+                    missing,
+                    importable,
+                    vdevs: cfg
+                        .vdevs
+                        .iter()
+                        .map(|t| {
+                            format!(
+                                "{}{}: {}",
+                                t.class
+                                    .section()
+                                    .map(|s| format!("{s} "))
+                                    .unwrap_or_default(),
+                                match t.kind {
+                                    TopKind::Disk => "disk".to_string(),
+                                    TopKind::Mirror => "mirror".to_string(),
+                                    TopKind::Raidz => format!("raidz{}", t.parity),
+                                },
+                                t.children
+                                    .iter()
+                                    .map(|l| l.path.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            )
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Imports a pool from `devices` (any superset of its members).
+    pub fn import(devices: &[DeviceRef], opts: &ImportOptions) -> Result<Arc<Pool>, PoolError> {
+        let mut labels = Vec::new();
+        for dev in devices {
+            if let Some(l) = label::best_label(dev.as_ref()) {
+                labels.push((l, dev.clone()));
+            }
+        }
+        let mut guids: Vec<u64> = labels
+            .iter()
+            .filter(|(l, _)| match &opts.name {
+                Some(n) => l.config.name == *n || l.config.guid.to_string() == *n,
+                None => true,
+            })
+            .map(|(l, _)| l.pool_guid)
+            .collect();
+        guids.sort_unstable();
+        guids.dedup();
+        let guid = match guids.as_slice() {
+            [] => {
+                return Err(PoolError::Import(match &opts.name {
+                    Some(n) => format!("cannot import '{n}': no such pool available"),
+                    None => "no pools available to import".into(),
+                }))
+            }
+            [g] => *g,
+            _ => {
+                return Err(PoolError::Import(
+                    "more than one pool matches; import by numeric guid".into(),
+                ))
+            }
+        };
+        let mine: Vec<_> = labels
+            .into_iter()
+            .filter(|(l, _)| l.pool_guid == guid)
+            .collect();
+        let config = mine
+            .iter()
+            .map(|(l, _)| l.config.clone())
+            .max_by_key(|c| c.txg)
+            .expect("at least one label");
+        let name = config.name.clone();
+        match config.state {
+            PoolState::Destroyed if !opts.force => {
+                return Err(PoolError::Import(format!(
+                    "cannot import '{name}': pool was destroyed; use -f to import it anyway"
+                )))
+            }
+            PoolState::Active if config.hostname != hostname() && !opts.force => {
+                return Err(PoolError::Import(format!(
+                    "cannot import '{name}': pool may be in use from another system (host '{}'); use -f to import it anyway",
+                    config.hostname
+                )))
+            }
+            _ => {}
+        }
+        let mut devs: HashMap<u64, DeviceRef> = HashMap::new();
+        for (l, dev) in &mine {
+            devs.entry(l.leaf_guid).or_insert_with(|| dev.clone());
+        }
+        let mut notes = Vec::new();
+        for (_, l) in config.leaves() {
+            if !devs.contains_key(&l.guid) {
+                notes.push(format!("device {} (guid {}) is missing", l.path, l.guid));
+            }
+        }
+        let tunables = opts.tunables.unwrap_or_default();
+        let mut pool = Self::assemble(config.clone(), &devs, tunables, 1, notes)?;
+        for (class, top) in &pool.tops {
+            if *class == VdevClass::Normal && !top.readable() {
+                let missing: Vec<String> = top
+                    .leaves
+                    .iter()
+                    .filter(|l| !l.is_usable())
+                    .map(|l| format!("{} ({})", l.path, l.reason().unwrap_or_default()))
+                    .collect();
+                return Err(PoolError::Import(format!(
+                    "cannot import '{name}': {} vdev {} has too many unavailable devices: {}",
+                    top.type_name(),
+                    top.id,
+                    missing.join(", ")
+                )));
+            }
+        }
+        // Uberblocks from every usable leaf.
+        let guid_sum = config.guid_sum();
+        let mut ubs: Vec<Uberblock> = Vec::new();
+        for leaf in pool.leaves() {
+            if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
+                for (_, ub) in label::read_uberblocks(dev.as_ref(), config.ashift) {
+                    if ub.guid_sum == guid_sum && ub.version == FORMAT_VERSION {
+                        ubs.push(ub);
+                    }
+                }
+            }
+        }
+        ubs.sort_by(|a, b| b.txg.cmp(&a.txg));
+        ubs.dedup_by_key(|u| u.txg);
+        let newest = ubs.first().map(|u| u.txg).ok_or_else(|| {
+            PoolError::Import(format!("cannot import '{name}': no valid uberblock found"))
+        })?;
+        let mut chosen = None;
+        let mut failures = Vec::new();
+        for ub in ubs.iter().filter(|u| u.txg + DEFER_TXGS > newest) {
+            match pool.load(ub) {
+                Ok(()) => {
+                    chosen = Some(*ub);
+                    break;
+                }
+                Err(e) => {
+                    failures.push((ub.txg, e.to_string()));
+                    if !opts.rewind {
+                        break;
+                    }
+                    // Reset what a failed load may have set up.
+                    pool.blocks = Arc::new(BlockStore::new(
+                        pool.tops.iter().map(|(_, t)| Some(t.clone())).collect(),
+                        SpaceAllocator::new(),
+                    ));
+                    *pool.meta.lock() = Meta::default();
+                }
+            }
+        }
+        let Some(ub) = chosen else {
+            let (txg, why) = failures
+                .first()
+                .cloned()
+                .unwrap_or((newest, "unknown".into()));
+            let older: Vec<u64> = ubs
+                .iter()
+                .filter(|u| u.txg < txg && u.txg + DEFER_TXGS > newest)
+                .map(|u| u.txg)
+                .collect();
+            let hint = if opts.rewind {
+                "no older transaction group within the rewind window verifies either".to_string()
+            } else if let Some(t) = older.first() {
+                let age = ubs
+                    .iter()
+                    .find(|u| u.txg == *t)
+                    .map(|u| now_secs().saturating_sub(u.timestamp))
+                    .unwrap_or(0);
+                format!(
+                    "'tank pool import -F {name}' can rewind to txg {t}, discarding the changes of the last {} txg(s) (committed within the last {age} s)",
+                    newest - t
+                )
+            } else {
+                "no older transaction group is available to rewind to".into()
+            };
+            return Err(PoolError::Import(format!(
+                "cannot import '{name}': metadata of txg {txg} is damaged ({why}); {hint}"
+            )));
+        };
+        if ub.txg < newest {
+            // Make the rewind durable before anything is allocated: the newer uberblocks
+            // point at blocks that are free again now.
+            for leaf in pool.leaves() {
+                if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
+                    label::invalidate_newer(dev.as_ref(), config.ashift, ub.txg)?;
+                    dev.flush()?;
+                }
+            }
+            let lost = newest - ub.txg;
+            pool.import_notes.push(format!(
+                "rewound to txg {} (written {}): the changes of the last {lost} txg(s) were discarded",
+                ub.txg,
+                fmt_time(ub.timestamp)
+            ));
+        }
+        let open = newest + 1;
+        pool.txg = TxgManager::new(open, tunables);
+        pool.txg.inner.lock().synced = ub.txg;
+        {
+            let mut alloc = pool.blocks.alloc.lock();
+            alloc.begin_txg(open)?;
+        }
+        pool.write_config(PoolState::Active)?;
+        let pool = Arc::new(pool);
+        pool.start_sync_thread();
+        Ok(pool)
+    }
+
+    /// Loads and verifies the metadata of one uberblock: root block, objset table, space map
+    /// log (replayed into the allocator), history chain head, objset roots.
+    fn load(&self, ub: &Uberblock) -> Result<(), PoolError> {
+        let raw = self.blocks.read(&ub.root)?;
+        let root = RootBlock::decode(&raw)?;
+        if root.txg != ub.txg {
+            return Err(PoolError::Corrupt(format!(
+                "root block is of txg {}, uberblock of txg {}",
+                root.txg, ub.txg
+            )));
+        }
+        let objsets = match &root.objset_table {
+            Some(bp) => decode_objset_table(&self.blocks.read(bp)?)?,
+            None => Vec::new(),
+        };
+        for (id, bp) in &objsets {
+            if let Some(bp) = bp {
+                self.blocks.read_physical(bp).map_err(|e| {
+                    PoolError::Corrupt(format!("root of object set {id} unreadable: {e}"))
+                })?;
+            }
+        }
+        if let Some(bp) = &root.history_head {
+            history::decode(&self.blocks.read(bp)?)?;
+        }
+        // Space map chain, newest first, back to the condensed block.
+        let mut chain = Vec::new();
+        let mut next = root.spacemap_head;
+        while let Some(bp) = next {
+            let block = SpaceMapBlock::decode(&self.blocks.read(&bp)?)?;
+            next = block.prev;
+            let condensed = block.condensed;
+            chain.push((bp, block));
+            if condensed {
+                break;
+            }
+            if chain.len() > CONDENSE_CHAIN as usize * 4 {
+                return Err(PoolError::Corrupt("space map log chain too long".into()));
+            }
+        }
+        if chain.last().is_some_and(|(_, b)| !b.condensed) {
+            return Err(PoolError::Corrupt(
+                "space map log chain has no start".into(),
+            ));
+        }
+        let mut alloc = SpaceAllocator::new();
+        for (class, top) in &self.tops {
+            alloc.add_vdev(
+                top.id,
+                top.space(),
+                top.sector(),
+                *class == VdevClass::Normal,
+            );
+        }
+        for (_, block) in chain.iter().rev() {
+            if !block.condensed {
+                alloc.begin_txg(block.txg)?;
+            }
+            for r in &block.records {
+                alloc.replay(r)?;
+            }
+        }
+        // The newest log block and the root block are recorded by the next txg.
+        let mut carry = Vec::new();
+        for bp in [chain.first().map(|c| c.0), Some(ub.root)]
+            .into_iter()
+            .flatten()
+        {
+            for d in bp.dvas() {
+                let rec = SpaceRecord {
+                    vdev: d.vdev,
+                    op: SpaceOp::Alloc,
+                    offset: d.offset,
+                    len: d.asize,
+                    txg: ub.txg,
+                };
+                alloc.replay(&rec)?;
+                carry.push(rec);
+            }
+        }
+        alloc.begin_txg(ub.txg)?;
+        alloc.take_pending();
+        alloc.set_pending(carry);
+        *self.blocks.alloc.lock() = alloc;
+        let mut meta = self.meta.lock();
+        meta.root = Some(root);
+        meta.root_bp = Some(ub.root);
+        meta.spacemap_chain = chain.iter().map(|c| c.0).collect();
+        meta.objsets = objsets;
+        Ok(())
+    }
+
+    /// The objset table as committed (for the object layer at open).
+    pub fn objsets(&self) -> Vec<(u64, Option<BlockPtr>)> {
+        self.meta.lock().objsets.clone()
+    }
+
+    pub fn set_syncer(&self, syncer: Arc<dyn Syncer>) {
+        *self.syncer.lock() = Some(syncer);
+    }
+
+    fn suspended(&self) -> Option<String> {
+        self.txg.inner.lock().failed.clone()
+    }
+
+    fn suspended_error(&self, reason: String) -> PoolError {
+        PoolError::Suspended {
+            pool: self.name(),
+            reason,
+        }
+    }
+
+    /// Starts a transaction in the open txg, charged with `dirty_bytes` of new data. Refuses
+    /// with NoSpace when the pool cannot hold the dirty data plus its parity and metadata.
+    pub fn begin_tx(&self, dirty_bytes: u64) -> Result<Tx<'_>, PoolError> {
+        if dirty_bytes > 0 {
+            let (free, slop) = {
+                let a = self.blocks.alloc.lock();
+                (a.free_bytes(), a.slop())
+            };
+            let pending = {
+                let i = self.txg.inner.lock();
+                i.dirty_open + i.dirty_syncing
+            };
+            let need = (pending + dirty_bytes) as f64 * self.inflation();
+            if need as u64 + slop > free {
+                return Err(PoolError::NoSpace(self.name()));
+            }
+        }
+        self.txg
+            .begin(dirty_bytes)
+            .map_err(|r| self.suspended_error(r))
+    }
+
+    /// Allocated bytes per logical byte in the worst vdev, plus metadata (a conservative
+    /// estimate used only to refuse writes before the pool is full).
+    fn inflation(&self) -> f64 {
+        let worst = self
+            .tops
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Normal)
+            .map(|(_, t)| t.asize(128 << 10) as f64 / (128u64 << 10) as f64)
+            .fold(1.0, f64::max);
+        worst * 1.1
+    }
+
+    pub fn open_txg(&self) -> u64 {
+        self.txg.open_txg()
+    }
+
+    pub fn synced_txg(&self) -> u64 {
+        self.txg.synced_txg()
+    }
+
+    /// Adds a line to the pool history (committed with the next txg).
+    pub fn log_history(&self, command: &str) {
+        let txg = self.open_txg();
+        self.meta.lock().history_pending.push(HistoryRecord {
+            time: now_secs(),
+            txg,
+            host: hostname(),
+            command: command.to_string(),
+        });
+        let _ = self.txg.inner.lock();
+        self.txg.cv.notify_all();
+    }
+
+    /// The pool history, oldest first.
+    pub fn history(&self) -> Result<Vec<HistoryRecord>, PoolError> {
+        let (mut next, pending) = {
+            let m = self.meta.lock();
+            (
+                m.root.and_then(|r| r.history_head),
+                m.history_pending.clone(),
+            )
+        };
+        let mut blocks = Vec::new();
+        while let Some(bp) = next {
+            let (prev, recs) = history::decode(&self.blocks.read(&bp)?)?;
+            blocks.push(recs);
+            next = prev;
+        }
+        let mut out: Vec<HistoryRecord> = blocks.into_iter().rev().flatten().collect();
+        out.extend(pending);
+        Ok(out)
+    }
+
+    /// Waits until every transaction that finished before this call is durable.
+    pub fn wait_synced(&self) -> Result<(), PoolError> {
+        let mut inner = self.txg.inner.lock();
+        let target = inner.open;
+        inner.want = inner.want.max(target);
+        self.txg.cv.notify_all();
+        loop {
+            if let Some(f) = &inner.failed {
+                return Err(self.suspended_error(f.clone()));
+            }
+            if inner.synced >= target || inner.idle_upto >= target {
+                return Ok(());
+            }
+            if inner.shutdown && self.sync_thread.lock().is_none() {
+                return Err(self.suspended_error("pool is closed".into()));
+            }
+            self.txg.cv.wait_for(&mut inner, Duration::from_millis(200));
+        }
+    }
+
+    fn start_sync_thread(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let handle = std::thread::Builder::new()
+            .name("txg-sync".into())
+            .spawn(move || sync_loop(weak))
+            .expect("spawn sync thread");
+        *self.sync_thread.lock() = Some(handle);
+    }
+
+    /// One pass of the sync thread: quiesce the open txg and commit it. Returns false when
+    /// there was nothing to do.
+    fn sync_once(&self) -> Result<bool, PoolError> {
+        let syncer = self.syncer.lock().clone();
+        let txg = {
+            let _gate = self.txg.gate.write();
+            let history = !self.meta.lock().history_pending.is_empty();
+            let dirty = syncer.as_ref().is_some_and(|s| s.is_dirty());
+            let mut inner = self.txg.inner.lock();
+            if !dirty && !history {
+                inner.idle_upto = inner.open;
+                inner.dirty_open = 0;
+                self.txg.cv.notify_all();
+                return Ok(false);
+            }
+            let txg = inner.open;
+            inner.open += 1;
+            inner.dirty_syncing = inner.dirty_open;
+            inner.dirty_open = 0;
+            if let Some(s) = &syncer {
+                s.quiesce(txg);
+            }
+            txg
+        };
+        let batch = IoBatch::new();
+        self.blocks.alloc.lock().begin_txg(txg)?;
+        let objsets = match &syncer {
+            Some(s) => s.sync(&SyncContext {
+                txg,
+                blocks: &self.blocks,
+                batch: &batch,
+            })?,
+            None => self.meta.lock().objsets.clone(),
+        };
+        let failed = batch.wait();
+        if !failed.is_empty() {
+            self.blocks.check_writable()?;
+        }
+        self.commit_txg(txg, objsets)?;
+        let mut inner = self.txg.inner.lock();
+        inner.synced = txg;
+        inner.dirty_syncing = 0;
+        self.txg.cv.notify_all();
+        Ok(true)
+    }
+
+    /// Commits txg `txg`: pool-level blocks, flush, uberblocks, flush (invariant 2).
+    fn commit_txg(&self, txg: u64, objsets: Vec<(u64, Option<BlockPtr>)>) -> Result<(), PoolError> {
+        let batch = IoBatch::new();
+        let mut meta = self.meta.lock();
+        let blocks = &self.blocks;
+        let old_root = meta.root;
+        // Objset table.
+        if let Some(bp) = old_root.and_then(|r| r.objset_table) {
+            blocks.free(&bp, txg)?;
+        }
+        let table = blocks.write(
+            &encode_objset_table(&objsets),
+            &WriteProps::critical(BlockKind::ObjsetTable),
+            txg,
+            1,
+            &batch,
+        )?;
+        // History.
+        let mut history_head = old_root.and_then(|r| r.history_head);
+        let mut history_count = old_root.map(|r| r.history_count).unwrap_or(0);
+        if !meta.history_pending.is_empty() {
+            let recs = std::mem::take(&mut meta.history_pending);
+            history_count += recs.len() as u64;
+            let raw = history::encode(history_head.as_ref(), &recs);
+            history_head = Some(blocks.write(
+                &raw,
+                &WriteProps::critical(BlockKind::History),
+                txg,
+                1,
+                &batch,
+            )?);
+        }
+        if let Some(bp) = meta.root_bp {
+            blocks.free(&bp, txg)?;
+        }
+        // Space map log: condense when the chain is long (or on the first txg).
+        let chain_len = old_root.map(|r| r.spacemap_chain).unwrap_or(0);
+        let condense = chain_len == 0 || chain_len >= CONDENSE_CHAIN;
+        let block = if condense {
+            for bp in std::mem::take(&mut meta.spacemap_chain) {
+                blocks.free(&bp, txg)?;
+            }
+            let mut alloc = blocks.alloc.lock();
+            alloc.take_pending();
+            SpaceMapBlock {
+                txg,
+                condensed: true,
+                prev: None,
+                records: alloc.condensed(),
+            }
+        } else {
+            SpaceMapBlock {
+                txg,
+                condensed: false,
+                prev: meta.spacemap_chain.first().copied(),
+                records: blocks.alloc.lock().take_pending(),
+            }
+        };
+        let sm_bp = blocks.write(
+            &block.encode(),
+            &WriteProps::critical(BlockKind::SpaceMapLog),
+            txg,
+            1,
+            &batch,
+        )?;
+        let root = RootBlock {
+            txg,
+            spacemap_chain: if condense { 1 } else { chain_len + 1 },
+            history_count,
+            objset_table: Some(table),
+            spacemap_head: Some(sm_bp),
+            history_head,
+        };
+        let root_bp = blocks.write(
+            &root.encode(),
+            &WriteProps::critical(BlockKind::RootBlock),
+            txg,
+            1,
+            &batch,
+        )?;
+        let failed = batch.wait();
+        if !failed.is_empty() {
+            blocks.check_writable()?;
+        }
+        // Flush the blocks, then the uberblocks, then flush again.
+        let batch = IoBatch::new();
+        blocks.flush_all(&batch);
+        let _ = batch.wait();
+        blocks.check_writable()?;
+        let ub = Uberblock {
+            version: FORMAT_VERSION,
+            ashift: self.ashift(),
+            txg,
+            guid_sum: self.config.lock().guid_sum(),
+            timestamp: now_secs(),
+            root: root_bp,
+        };
+        let mut written = 0;
+        for leaf in self.leaves() {
+            if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
+                if label::write_uberblock(dev.as_ref(), &ub).is_ok() && dev.flush().is_ok() {
+                    written += 1;
+                }
+            }
+        }
+        if written == 0 {
+            return Err(PoolError::Corrupt(format!(
+                "txg {txg}: no device accepted the uberblock"
+            )));
+        }
+        meta.root = Some(root);
+        meta.root_bp = Some(root_bp);
+        meta.spacemap_chain.insert(0, sm_bp);
+        meta.objsets = objsets;
+        Ok(())
+    }
+
+    /// Syncs everything and stops the sync thread.
+    fn close(&self) -> Result<(), PoolError> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let synced = if self.suspended().is_none() {
+            self.wait_synced()
+        } else {
+            Ok(())
+        };
+        self.txg.inner.lock().shutdown = true;
+        self.txg.cv.notify_all();
+        if let Some(h) = self.sync_thread.lock().take() {
+            let _ = h.join();
+        }
+        synced
+    }
+
+    /// Syncs and closes the pool, leaving it imported (marked active).
+    pub fn shutdown(&self) -> Result<(), PoolError> {
+        let r = self.close();
+        for leaf in self.leaves() {
+            leaf.close();
+        }
+        r
+    }
+
+    /// `pool export`: syncs, marks the labels exported, closes the devices.
+    pub fn export(&self) -> Result<(), PoolError> {
+        self.close()?;
+        if let Some(f) = self.suspended() {
+            return Err(self.suspended_error(f));
+        }
+        self.write_config(PoolState::Exported)?;
+        for leaf in self.leaves() {
+            leaf.close();
+        }
+        Ok(())
+    }
+
+    /// `pool destroy`: marks the labels destroyed and closes the devices.
+    pub fn destroy(&self) -> Result<(), PoolError> {
+        let _ = self.close();
+        self.write_config(PoolState::Destroyed)?;
+        for leaf in self.leaves() {
+            leaf.close();
+        }
+        Ok(())
+    }
+
+    pub fn space(&self) -> PoolSpace {
+        let a = self.blocks.alloc.lock();
+        let size = a.size();
+        let free = a.free_bytes();
+        let usable = self
+            .tops
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Normal)
+            .map(|(_, t)| t.capacity())
+            .sum();
+        PoolSpace {
+            size,
+            allocated: size - free,
+            free,
+            deferred: a.deferred_bytes(),
+            usable,
+        }
+    }
+
+    /// The pool's state: ONLINE, DEGRADED, SUSPENDED or UNAVAIL.
+    pub fn state(&self) -> &'static str {
+        if self.suspended().is_some() {
+            return "SUSPENDED";
+        }
+        let mut state = "ONLINE";
+        for (class, top) in &self.tops {
+            match (top.state(), class) {
+                (VdevState::Online, _) => {}
+                (VdevState::Degraded, _) => state = "DEGRADED",
+                (_, VdevClass::Normal) => return "UNAVAIL",
+                _ => state = "DEGRADED",
+            }
+        }
+        state
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let leaf_status = |l: &Arc<Leaf>| {
+            let s = l.stats.snapshot();
+            VdevStatus {
+                name: l.path.clone(),
+                state: l.state().name().into(),
+                read_errors: s.read_errors,
+                write_errors: s.write_errors,
+                cksum_errors: s.cksum_errors,
+                note: l.reason(),
+                children: Vec::new(),
+                stats: s,
+                path: Some(l.path.clone()),
+            }
+        };
+        let top_status = |t: &Arc<TopVdev>| {
+            let children: Vec<VdevStatus> = t.leaves.iter().map(leaf_status).collect();
+            match t.layout {
+                Layout::Disk => children.into_iter().next().expect("one leaf"),
+                _ => {
+                    let sum = |f: fn(&VdevStatus) -> u64| children.iter().map(f).sum();
+                    let mut stats = LeafStatsSnapshot::default();
+                    for c in &children {
+                        stats.read_ops += c.stats.read_ops;
+                        stats.write_ops += c.stats.write_ops;
+                        stats.read_bytes += c.stats.read_bytes;
+                        stats.write_bytes += c.stats.write_bytes;
+                    }
+                    VdevStatus {
+                        name: format!("{}-{}", t.type_name(), t.id),
+                        state: t.state().name().into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        cksum_errors: 0,
+                        note: None,
+                        stats: LeafStatsSnapshot {
+                            read_errors: sum(|c| c.read_errors),
+                            ..stats
+                        },
+                        children,
+                        path: None,
+                    }
+                }
+            }
+        };
+        let name = self.name();
+        let mut config = Vec::new();
+        let mut sections: Vec<(String, Vec<VdevStatus>)> = Vec::new();
+        for (class, top) in &self.tops {
+            match class.section() {
+                None => config.push(top_status(top)),
+                Some(s) => match sections.iter_mut().find(|(n, _)| n == s) {
+                    Some((_, v)) => v.push(top_status(top)),
+                    None => sections.push((s.to_string(), vec![top_status(top)])),
+                },
+            }
+        }
+        let state = self.state();
+        let suspended = self.suspended();
+        let (status, action) = if let Some(r) = &suspended {
+            (
+                Some(format!(
+                    "The pool is suspended: an I/O failure could not be repaired ({r})."
+                )),
+                Some("Fix the devices, then export and import the pool.".to_string()),
+            )
+        } else if state != "ONLINE" {
+            (
+                Some("One or more devices could not be used or has failed. The pool continues without full redundancy.".to_string()),
+                Some("Replace the failed devices, or reattach missing ones and import the pool again.".to_string()),
+            )
+        } else if self.leaves().any(|l| {
+            let s = l.stats.snapshot();
+            s.read_errors + s.write_errors + s.cksum_errors > 0
+        }) {
+            (
+                Some("One or more devices has experienced an error. Applications are unaffected: the data was repaired from redundancy.".to_string()),
+                Some("Determine if the device needs to be replaced, and clear the errors with 'tank pool clear'.".to_string()),
+            )
+        } else {
+            (None, None)
+        };
+        let rs = self.blocks.read_stats();
+        PoolStatus {
+            name: name.clone(),
+            guid: self.guid(),
+            state: state.into(),
+            status,
+            action,
+            txg: self.synced_txg(),
+            config: vec![VdevStatus {
+                name,
+                state: state.into(),
+                read_errors: 0,
+                write_errors: 0,
+                cksum_errors: 0,
+                note: None,
+                children: config,
+                stats: LeafStatsSnapshot::default(),
+                path: None,
+            }],
+            sections,
+            space: self.space(),
+            healed_blocks: rs.healed_copies + rs.healed_in_vdev,
+            suspended,
+        }
+    }
+
+    /// Leaves for tests and tools: (top id, leaf).
+    pub fn leaf_list(&self) -> Vec<(u32, Arc<Leaf>)> {
+        self.tops
+            .iter()
+            .flat_map(|(_, t)| t.leaves.iter().map(move |l| (t.id, l.clone())))
+            .collect()
+    }
+
+    /// The uberblock and root block in use (for `debug`).
+    pub fn root(&self) -> (Option<BlockPtr>, Option<RootBlockInfo>) {
+        let m = self.meta.lock();
+        (
+            m.root_bp,
+            m.root.map(|r| RootBlockInfo {
+                txg: r.txg,
+                spacemap_chain: r.spacemap_chain,
+                history_count: r.history_count,
+                objset_table: r.objset_table,
+                spacemap_head: r.spacemap_head,
+                history_head: r.history_head,
+            }),
+        )
+    }
+
+    /// The space map chain blocks, newest first (for `debug`).
+    pub fn spacemap_chain(&self) -> Vec<BlockPtr> {
+        self.meta.lock().spacemap_chain.clone()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RootBlockInfo {
+    pub txg: u64,
+    pub spacemap_chain: u32,
+    pub history_count: u64,
+    #[serde(skip)]
+    pub objset_table: Option<BlockPtr>,
+    #[serde(skip)]
+    pub spacemap_head: Option<BlockPtr>,
+    #[serde(skip)]
+    pub history_head: Option<BlockPtr>,
+}
+
+pub fn fmt_time(secs: u64) -> String {
+    // Seconds since the epoch as UTC date and time, without a time-zone database.
+    let days = secs / 86400;
+    let rem = secs % 86400;
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}.{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn sync_loop(pool: std::sync::Weak<Pool>) {
+    let mut last = Instant::now();
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        let t = p.txg.tunables;
+        let go = {
+            let mut inner = p.txg.inner.lock();
+            let wanted = |i: &crate::txg::TxgInner| {
+                i.want > i.synced.max(i.idle_upto) || i.dirty_open >= t.dirty_sync
+            };
+            if !wanted(&inner) && !inner.shutdown {
+                p.txg.cv.wait_for(&mut inner, Duration::from_millis(250));
+            }
+            if inner.failed.is_some() {
+                return;
+            }
+            inner.shutdown || wanted(&inner) || last.elapsed() >= t.timeout
+        };
+        if go {
+            last = Instant::now();
+            match p.sync_once() {
+                Ok(_) => {}
+                Err(e) => {
+                    let mut inner = p.txg.inner.lock();
+                    inner.failed = Some(e.to_string());
+                    p.txg.cv.notify_all();
+                    return;
+                }
+            }
+            let inner = p.txg.inner.lock();
+            if inner.shutdown
+                && inner.dirty_open == 0
+                && inner.want <= inner.synced.max(inner.idle_upto)
+            {
+                drop(inner);
+                // One more look: is anything left?
+                let dirty = p.syncer.lock().clone().is_some_and(|s| s.is_dirty())
+                    || !p.meta.lock().history_pending.is_empty();
+                if !dirty {
+                    return;
+                }
+            }
+        }
+        drop(p);
+    }
+}

@@ -1,0 +1,148 @@
+//! Transaction groups: open → quiescing → syncing, with dirty-data accounting and throttling.
+//!
+//! # Theory of operation
+//! A transaction holds the `gate` for reading while it changes in-memory state, and is
+//! charged to the open txg. To quiesce, the sync thread takes the gate for writing, which
+//! waits for every running transaction to finish (the quiescing state), advances the open txg
+//! and freezes the old one; then it releases the gate and syncs the frozen txg while new
+//! transactions fill the next one. At most one txg syncs at a time.
+//!
+//! Dirty data is bounded: a sync starts once the open txg holds `dirty_sync` bytes (or after
+//! `timeout`), writers are delayed progressively above 60 % of `dirty_max` and wait at
+//! `dirty_max` (invariant 10: writers are throttled, the process is never killed).
+//!
+//! # Concurrency
+//! `inner` (a mutex) guards the counters; `cv` signals every change of `synced`, of the dirty
+//! totals and of the sync requests.
+
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+
+#[derive(Debug, Clone, Copy)]
+pub struct TxgTunables {
+    /// Dirty bytes (open + syncing) at which writers wait.
+    pub dirty_max: u64,
+    /// Dirty bytes in the open txg that start a sync.
+    pub dirty_sync: u64,
+    /// Longest time a txg stays open while dirty.
+    pub timeout: Duration,
+}
+
+impl Default for TxgTunables {
+    fn default() -> Self {
+        // ZFS: zfs_dirty_data_max = 10 % of RAM capped at 4 GiB; we cap lower, since our
+        // sync path holds the dirty data in memory until written.
+        let ram = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| {
+                        l.split_whitespace()
+                            .nth(1)
+                            .and_then(|v| v.parse::<u64>().ok())
+                    })
+            })
+            .map(|kib| kib * 1024)
+            .unwrap_or(4 << 30);
+        let dirty_max = (ram / 10).clamp(64 << 20, 1 << 30);
+        Self {
+            dirty_max,
+            dirty_sync: dirty_max / 4,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct TxgInner {
+    pub open: u64,
+    pub synced: u64,
+    pub dirty_open: u64,
+    pub dirty_syncing: u64,
+    /// Highest txg a caller is waiting to see synced.
+    pub want: u64,
+    /// Every transaction up to this txg is durable (set when a requested txg had nothing dirty).
+    pub idle_upto: u64,
+    pub shutdown: bool,
+    pub failed: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct TxgManager {
+    pub gate: RwLock<()>,
+    pub inner: Mutex<TxgInner>,
+    pub cv: Condvar,
+    pub tunables: TxgTunables,
+}
+
+/// A running transaction: the open txg it belongs to. Changes made while it lives are
+/// committed with that txg.
+pub struct Tx<'a> {
+    pub txg: u64,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
+impl TxgManager {
+    pub fn new(open: u64, tunables: TxgTunables) -> Self {
+        Self {
+            gate: RwLock::new(()),
+            inner: Mutex::new(TxgInner {
+                open,
+                synced: open - 1,
+                idle_upto: open - 1,
+                ..Default::default()
+            }),
+            cv: Condvar::new(),
+            tunables,
+        }
+    }
+
+    /// Throttles, then enters the open txg charging `bytes` of dirty data.
+    pub fn begin(&self, bytes: u64) -> Result<Tx<'_>, String> {
+        let t = self.tunables;
+        {
+            let mut inner = self.inner.lock();
+            loop {
+                if let Some(f) = &inner.failed {
+                    return Err(f.clone());
+                }
+                let dirty = inner.dirty_open + inner.dirty_syncing;
+                if dirty + bytes <= t.dirty_max || dirty == 0 {
+                    break;
+                }
+                inner.want = inner.want.max(inner.open);
+                self.cv.notify_all();
+                self.cv.wait_for(&mut inner, Duration::from_millis(100));
+            }
+            let dirty = inner.dirty_open + inner.dirty_syncing;
+            let delay_from = t.dirty_max / 10 * 6;
+            if dirty > delay_from {
+                // Progressive delay between 60 % and 100 % of dirty_max (ZFS's write throttle).
+                let frac = (dirty - delay_from) as f64 / (t.dirty_max - delay_from).max(1) as f64;
+                let us = (frac * frac * 2000.0) as u64;
+                drop(inner);
+                std::thread::sleep(Duration::from_micros(us));
+            }
+        }
+        let gate = self.gate.read();
+        let mut inner = self.inner.lock();
+        inner.dirty_open += bytes;
+        if inner.dirty_open >= t.dirty_sync {
+            self.cv.notify_all();
+        }
+        Ok(Tx {
+            txg: inner.open,
+            _gate: gate,
+        })
+    }
+
+    pub fn open_txg(&self) -> u64 {
+        self.inner.lock().open
+    }
+
+    pub fn synced_txg(&self) -> u64 {
+        self.inner.lock().synced
+    }
+}
