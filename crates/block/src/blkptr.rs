@@ -6,7 +6,7 @@
 //!   0  DVA 0  { u32 vdev, u32 asize_sectors512, u64 offset }      16 bytes
 //!  16  DVA 1                                                       16 bytes
 //!  32  DVA 2                                                       16 bytes
-//!  48  u8 kind, u8 level, u8 checksum, u8 compression, u32 flags
+//!  48  u8 kind, u8 level, u8 checksum, u8 compression, u32 flags (bit 0: gang)
 //!  56  u32 lsize (logical bytes), u32 psize (physical bytes, as checksummed)
 //!  64  u64 birth_txg
 //!  72  u64 fill (leaf blocks beneath this pointer; 1 for a leaf)
@@ -90,7 +90,11 @@ pub struct BlockPtr {
     pub birth_txg: u64,
     pub fill: u64,
     pub checksum: [u8; 32],
+    /// The DVAs hold a gang header listing the pieces of the block (see `zio.rs`).
+    pub gang: bool,
 }
+
+pub const FLAG_GANG: u32 = 1;
 
 impl BlockPtr {
     pub fn copies(&self) -> usize {
@@ -123,6 +127,8 @@ impl BlockPtr {
         out[49] = self.level;
         out[50] = self.checksum_kind as u8;
         out[51] = self.compression.to_u8();
+        let flags = if self.gang { FLAG_GANG } else { 0 };
+        out[52..56].copy_from_slice(&flags.to_le_bytes());
         out[56..60].copy_from_slice(&self.lsize.to_le_bytes());
         out[60..64].copy_from_slice(&self.psize.to_le_bytes());
         out[64..72].copy_from_slice(&self.birth_txg.to_le_bytes());
@@ -169,6 +175,12 @@ impl BlockPtr {
             .ok_or_else(|| BlockError::Decode(format!("unknown checksum {}", raw[50])))?;
         let compression = Compression::from_u8(raw[51])
             .ok_or_else(|| BlockError::Decode(format!("unknown compression {}", raw[51])))?;
+        let flags = u32_at(52);
+        if flags & !FLAG_GANG != 0 {
+            return Err(BlockError::Decode(format!(
+                "unknown block pointer flags {flags:#x}"
+            )));
+        }
         let lsize = u32_at(56);
         let psize = u32_at(60);
         if psize == 0 || lsize == 0 {
@@ -182,7 +194,10 @@ impl BlockPtr {
         if psize > lsize {
             return Err(BlockError::Decode("psize larger than lsize".into()));
         }
-        for dva in dvas.iter().filter(|d| !d.is_empty()) {
+        for dva in dvas
+            .iter()
+            .filter(|d| !d.is_empty() && flags & FLAG_GANG == 0)
+        {
             if dva.asize < u64::from(psize) {
                 return Err(BlockError::Decode("DVA smaller than the block".into()));
             }
@@ -200,6 +215,7 @@ impl BlockPtr {
             birth_txg,
             fill: u64_at(72),
             checksum,
+            gang: flags & FLAG_GANG != 0,
         }))
     }
 
@@ -215,8 +231,9 @@ impl BlockPtr {
             .map(|d| format!("<{}:{:#x}:{:#x}>", d.vdev, d.offset, d.asize))
             .collect();
         format!(
-            "{} L{} {} {} {}L/{}P birth={} fill={} cksum={}",
+            "{}{} L{} {} {} {}L/{}P birth={} fill={} cksum={}",
             dvas.join(" "),
+            if self.gang { " gang" } else { "" },
             self.level,
             self.kind.name(),
             self.compression.name(),
@@ -262,6 +279,7 @@ mod tests {
             birth_txg: 77,
             fill: 5,
             checksum: [7u8; 32],
+            gang: false,
         }
     }
 
@@ -271,6 +289,8 @@ mod tests {
         let raw = bp.encode();
         assert_eq!(BlockPtr::decode(&raw).unwrap(), Some(bp));
         assert_eq!(bp.copies(), 2);
+        let gang = BlockPtr { gang: true, ..bp };
+        assert_eq!(BlockPtr::decode(&gang.encode()).unwrap(), Some(gang));
         assert_eq!(BlockPtr::decode(&[0u8; 128]).unwrap(), None);
     }
 

@@ -58,6 +58,53 @@ pub struct ReadStats {
     pub healed_in_vdev: u64,
 }
 
+/// Pieces a gang header lists.
+const GANG_CHILDREN: usize = 3;
+/// Blocks at or below this size are never ganged (they fit in any free sector run).
+const GANG_MIN_PIECE: usize = 4096;
+pub const GANG_HEADER_SIZE: usize = 512;
+const GANG_MAGIC: &[u8; 8] = b"TANKGANG";
+
+/// Gang header (512 bytes): magic "TANKGANG", count u32, zero u32, 3 block pointers, zero
+/// padding to 480, BLAKE3-256 of bytes 0..480 (the header verifies itself, as ZFS's does).
+fn encode_gang(children: &[BlockPtr]) -> Vec<u8> {
+    assert!(children.len() <= GANG_CHILDREN);
+    let mut b = vec![0u8; GANG_HEADER_SIZE];
+    b[..8].copy_from_slice(GANG_MAGIC);
+    b[8..12].copy_from_slice(&(children.len() as u32).to_le_bytes());
+    for (i, c) in children.iter().enumerate() {
+        b[16 + i * 128..16 + (i + 1) * 128].copy_from_slice(&c.encode());
+    }
+    let sum = blake3::hash(&b[..480]);
+    b[480..].copy_from_slice(sum.as_bytes());
+    b
+}
+
+fn gang_verify(buf: &[u8]) -> bool {
+    buf.len() >= GANG_HEADER_SIZE
+        && buf[GANG_HEADER_SIZE..].iter().all(|&b| b == 0)
+        && decode_gang(buf).is_ok()
+}
+
+fn decode_gang(b: &[u8]) -> Result<Vec<BlockPtr>, BlockError> {
+    if b.len() < GANG_HEADER_SIZE || &b[..8] != GANG_MAGIC {
+        return Err(BlockError::Decode("gang header: bad magic".into()));
+    }
+    if blake3::hash(&b[..480]).as_bytes() != &b[480..512] {
+        return Err(BlockError::Decode("gang header: checksum mismatch".into()));
+    }
+    let n = u32::from_le_bytes(b[8..12].try_into().expect("4")) as usize;
+    if n == 0 || n > GANG_CHILDREN {
+        return Err(BlockError::Decode(format!("gang header: {n} pieces")));
+    }
+    (0..n)
+        .map(|i| {
+            BlockPtr::decode(&b[16 + i * 128..16 + (i + 1) * 128])?
+                .ok_or_else(|| BlockError::Decode("gang header: hole piece".into()))
+        })
+        .collect()
+}
+
 pub struct BlockStore {
     vdevs: RwLock<Vec<Option<Arc<TopVdev>>>>,
     pub alloc: Mutex<SpaceAllocator>,
@@ -111,7 +158,97 @@ impl BlockStore {
             Some(c) => (props.compression, c),
             None => (Compression::Off, data),
         };
+        let mut bp = self.write_physical(physical, props, txg, batch)?;
+        bp.compression = compression;
+        bp.lsize = data.len() as u32;
+        bp.fill = fill;
+        Ok(bp)
+    }
+
+    /// Allocates and queues physical bytes; gangs the block (splits it into pieces listed by
+    /// a gang header, ZFS's answer to fragmented free space) when no extent is large enough.
+    fn write_physical(
+        &self,
+        physical: &[u8],
+        props: &WriteProps,
+        txg: u64,
+        batch: &Arc<IoBatch>,
+    ) -> Result<BlockPtr, BlockError> {
         let checksum = props.checksum.compute(physical);
+        let mut bp = BlockPtr {
+            dvas: [Dva::default(); MAX_DVAS],
+            kind: props.kind,
+            level: props.level,
+            checksum_kind: props.checksum,
+            compression: Compression::Off,
+            lsize: physical.len() as u32,
+            psize: physical.len() as u32,
+            birth_txg: txg,
+            fill: 1,
+            checksum,
+            gang: false,
+        };
+        match self.allocate_and_queue(physical, props, txg, batch) {
+            Ok(dvas) => {
+                bp.dvas = dvas;
+                Ok(bp)
+            }
+            Err(BlockError::NoSpace) if physical.len() > GANG_MIN_PIECE => {
+                let piece = physical.len().div_ceil(GANG_CHILDREN).div_ceil(512) * 512;
+                let child_props = WriteProps {
+                    kind: BlockKind::Data,
+                    compression: Compression::Off,
+                    ..*props
+                };
+                let mut children = Vec::new();
+                for chunk in physical.chunks(piece) {
+                    match self.write_physical(chunk, &child_props, txg, batch) {
+                        Ok(c) => children.push(c),
+                        Err(e) => {
+                            self.undo(&children)?;
+                            return Err(e);
+                        }
+                    }
+                }
+                let header = encode_gang(&children);
+                let header_props = WriteProps {
+                    class: AllocClass::Metadata,
+                    ..*props
+                };
+                match self.allocate_and_queue(&header, &header_props, txg, batch) {
+                    Ok(dvas) => {
+                        bp.dvas = dvas;
+                        bp.gang = true;
+                        Ok(bp)
+                    }
+                    Err(e) => {
+                        self.undo(&children)?;
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives back the allocations of pieces written in this txg but never referenced.
+    fn undo(&self, children: &[BlockPtr]) -> Result<(), BlockError> {
+        let mut alloc = self.alloc.lock();
+        for c in children {
+            for d in c.dvas() {
+                alloc.undo_alloc(d.vdev, d.offset, d.asize)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn allocate_and_queue(
+        &self,
+        physical: &[u8],
+        props: &WriteProps,
+        txg: u64,
+        batch: &Arc<IoBatch>,
+    ) -> Result<[Dva; MAX_DVAS], BlockError> {
         let copies = usize::from(props.copies.clamp(1, MAX_DVAS as u8));
         let vdevs = self.vdevs();
         let asize_of = |id: u32| -> u64 {
@@ -125,11 +262,10 @@ impl BlockStore {
         {
             let mut alloc = self.alloc.lock();
             let mut used: Vec<u32> = Vec::new();
-            for (i, slot) in dvas.iter_mut().enumerate().take(copies) {
-                let result = alloc.alloc(&asize_of, &used, props.class, txg);
-                match result {
+            for i in 0..copies {
+                match alloc.alloc(&asize_of, &used, props.class, txg) {
                     Ok((vdev, offset, asize)) => {
-                        *slot = Dva {
+                        dvas[i] = Dva {
                             vdev,
                             asize,
                             offset,
@@ -153,18 +289,7 @@ impl BlockStore {
             buf.resize(rounded, 0);
             vdev.write(dva.offset, &buf, batch)?;
         }
-        Ok(BlockPtr {
-            dvas,
-            kind: props.kind,
-            level: props.level,
-            checksum_kind: props.checksum,
-            compression,
-            lsize: data.len() as u32,
-            psize: physical.len() as u32,
-            birth_txg: txg,
-            fill,
-            checksum,
-        })
+        Ok(dvas)
     }
 
     /// True when every top-level vdev can still be read in full (after a write batch).
@@ -180,33 +305,61 @@ impl BlockStore {
     /// Reads the physical bytes of a block, verified, healing bad copies.
     pub fn read_physical(&self, bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
         let psize = bp.psize as usize;
+        if bp.gang {
+            let header = self.read_dvas(bp, GANG_HEADER_SIZE, &gang_verify)?;
+            let children = decode_gang(&header)?;
+            let mut out = Vec::with_capacity(psize);
+            for c in &children {
+                out.extend_from_slice(&self.read_physical(c)?);
+            }
+            if out.len() != psize || bp.checksum_kind.compute(&out) != bp.checksum {
+                return Err(BlockError::Checksum { bp: bp.describe() });
+            }
+            return Ok(out);
+        }
+        // The sector padding after `psize` was written as zeros and must read back so:
+        // otherwise rotted padding would leak into reconstructed parity.
         let verify = |buf: &[u8]| {
-            buf.len() >= psize && bp.checksum_kind.compute(&buf[..psize]) == bp.checksum
+            buf.len() >= psize
+                && buf[psize..].iter().all(|&b| b == 0)
+                && bp.checksum_kind.compute(&buf[..psize]) == bp.checksum
         };
+        let mut buf = self.read_dvas(bp, psize, &verify)?;
+        buf.truncate(psize);
+        Ok(buf)
+    }
+
+    /// Reads `len` bytes from the first DVA that verifies; rewrites the copies that failed.
+    fn read_dvas(
+        &self,
+        bp: &BlockPtr,
+        len: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, BlockError> {
         let mut failed: Vec<Dva> = Vec::new();
-        let mut good: Option<(Vec<u8>, u64)> = None;
+        let mut good: Option<Vec<u8>> = None;
         for dva in bp.dvas() {
             let Ok(vdev) = self.vdev(dva.vdev) else {
                 failed.push(*dva);
                 continue;
             };
-            let len = vdev.round(psize as u64);
-            if dva.asize < vdev.asize(psize as u64) {
+            let rounded = vdev.round(len as u64);
+            if dva.asize < vdev.asize(len as u64) {
                 failed.push(*dva);
                 continue;
             }
-            match vdev.read(dva.offset, len, &verify) {
+            match vdev.read(dva.offset, rounded, verify) {
                 Ok((buf, report)) => {
                     if report.repaired > 0 {
                         self.stats.lock().healed_in_vdev += 1;
                     }
-                    good = Some((buf, len));
+                    good = Some(buf);
                     break;
                 }
                 Err(_) => failed.push(*dva),
             }
         }
-        let Some((buf, _)) = good else {
+        let Some(buf) = good else {
             return Err(BlockError::Checksum { bp: bp.describe() });
         };
         // Rewrite copies that could not be read, in place: their space is this block's.
@@ -226,8 +379,6 @@ impl BlockStore {
                 self.stats.lock().healed_copies += bad.len() as u64;
             }
         }
-        let mut buf = buf;
-        buf.truncate(psize);
         Ok(buf)
     }
 
@@ -237,8 +388,15 @@ impl BlockStore {
         bp.compression.decompress(&physical, bp.lsize as usize)
     }
 
-    /// Frees every copy of a block in `txg` (deferred, see `alloc.rs`).
+    /// Frees every copy of a block in `txg` (deferred, see `alloc.rs`). A gang block's
+    /// pieces are found through its header.
     pub fn free(&self, bp: &BlockPtr, txg: u64) -> Result<(), BlockError> {
+        if bp.gang {
+            let header = self.read_dvas(bp, GANG_HEADER_SIZE, &gang_verify)?;
+            for c in decode_gang(&header)? {
+                self.free(&c, txg)?;
+            }
+        }
         let mut alloc = self.alloc.lock();
         for dva in bp.dvas() {
             alloc.free(dva.vdev, dva.offset, dva.asize, txg)?;
@@ -251,5 +409,71 @@ impl BlockStore {
         for v in self.vdevs() {
             v.flush(batch);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tank_device::MemDevice;
+    use tank_vdev::{Layout, Leaf, ParityCodec, TopVdev};
+
+    fn store() -> BlockStore {
+        let dev = Arc::new(MemDevice::new("m", 64 << 20));
+        let leaf = Leaf::new(1, "m".into(), tank_vdev::usable_size(64 << 20), Some(dev));
+        let top = Arc::new(TopVdev::new(
+            0,
+            2,
+            Layout::Disk,
+            vec![leaf],
+            12,
+            Arc::new(ParityCodec::new()),
+        ));
+        let mut alloc = SpaceAllocator::new();
+        alloc.add_vdev(0, top.space(), 4096, true);
+        BlockStore::new(vec![Some(top)], alloc)
+    }
+
+    #[test]
+    fn fragmented_space_gangs_and_reads_back() {
+        let bs = store();
+        // Fill the vdev with 8 KiB pieces, then free every other one: no 16 KiB extent left.
+        let mut pieces = Vec::new();
+        {
+            let mut a = bs.alloc.lock();
+            while let Ok(x) = a.alloc(&|_| 8192, &[], AllocClass::Metadata, 1) {
+                pieces.push(x);
+            }
+            for (i, (v, o, l)) in pieces.iter().enumerate() {
+                if i % 2 == 0 {
+                    a.free(*v, *o, *l, 1).unwrap();
+                }
+            }
+            a.begin_txg(1 + crate::DEFER_TXGS).unwrap();
+        }
+        let data: Vec<u8> = (0..65536u32).map(|i| ((i * 7919) >> 5) as u8).collect();
+        let props = WriteProps {
+            kind: BlockKind::Data,
+            level: 0,
+            checksum: ChecksumKind::Blake3,
+            compression: Compression::Off,
+            copies: 1,
+            class: AllocClass::Metadata,
+        };
+        let free_before = bs.alloc.lock().free_bytes();
+        let batch = IoBatch::new();
+        let bp = bs.write(&data, &props, 20, 1, &batch).unwrap();
+        assert!(batch.wait().is_empty());
+        assert!(bp.gang, "64 KiB in 8 KiB holes must gang");
+        let raw = BlockPtr::decode(&bp.encode()).unwrap().unwrap();
+        assert_eq!(bs.read(&raw).unwrap(), data);
+        bs.free(&raw, 21).unwrap();
+        let mut a = bs.alloc.lock();
+        a.begin_txg(21 + crate::DEFER_TXGS).unwrap();
+        assert_eq!(
+            a.free_bytes(),
+            free_before,
+            "every piece and header was freed"
+        );
     }
 }

@@ -634,9 +634,16 @@ impl Store {
         }
     }
 
+    /// A flat copy. Only written chunks are copied: the zeroed allocation stays untouched
+    /// (and unbacked by memory) elsewhere, which keeps crash images of large devices cheap.
     fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0; self.size];
-        self.read(0, &mut out);
+        for (idx, chunk) in self.chunks.iter().enumerate() {
+            if let Some(c) = chunk {
+                let start = idx * CHUNK;
+                out[start..start + c.len()].copy_from_slice(c);
+            }
+        }
         out
     }
 }

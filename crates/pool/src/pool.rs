@@ -393,7 +393,6 @@ impl Pool {
                 let mut inner = pool.txg.inner.lock();
                 inner.open = 2;
                 inner.synced = 1;
-                inner.idle_upto = 1;
             }
             Ok(Arc::new(pool))
         })();
@@ -413,13 +412,21 @@ impl Pool {
 
     /// Builds the in-memory pool from a config; missing leaves become UNAVAIL.
     fn assemble(
-        config: PoolConfig,
+        mut config: PoolConfig,
         devs: &HashMap<u64, DeviceRef>,
         tunables: TxgTunables,
         open_txg: u64,
         notes: Vec<String>,
     ) -> Result<Pool, PoolError> {
         let codec = Arc::new(ParityCodec::new());
+        // Devices may have moved since the config was written: record where they are now.
+        for tc in &mut config.vdevs {
+            for lc in &mut tc.children {
+                if let Some(dev) = devs.get(&lc.guid) {
+                    lc.path = dev.name().to_string();
+                }
+            }
+        }
         let mut tops = Vec::new();
         let mut slots: Vec<Option<Arc<TopVdev>>> = Vec::new();
         for tc in &config.vdevs {
@@ -680,7 +687,7 @@ impl Pool {
                 }
             }
         }
-        ubs.sort_by(|a, b| b.txg.cmp(&a.txg));
+        ubs.sort_by_key(|u| std::cmp::Reverse(u.txg));
         ubs.dedup_by_key(|u| u.txg);
         let newest = ubs.first().map(|u| u.txg).ok_or_else(|| {
             PoolError::Import(format!("cannot import '{name}': no valid uberblock found"))
@@ -928,7 +935,7 @@ impl Pool {
             host: hostname(),
             command: command.to_string(),
         });
-        let _ = self.txg.inner.lock();
+        drop(self.txg.inner.lock());
         self.txg.cv.notify_all();
     }
 
@@ -956,13 +963,17 @@ impl Pool {
     pub fn wait_synced(&self) -> Result<(), PoolError> {
         let mut inner = self.txg.inner.lock();
         let target = inner.open;
+        let seq = inner.tx_seq;
         inner.want = inner.want.max(target);
+        inner.want_seq = inner.want_seq.max(seq);
         self.txg.cv.notify_all();
         loop {
             if let Some(f) = &inner.failed {
                 return Err(self.suspended_error(f.clone()));
             }
-            if inner.synced >= target || inner.idle_upto >= target {
+            // Durable once its txg committed, or once the sync thread found nothing dirty
+            // after every transaction started before this call had finished.
+            if inner.synced >= target || inner.idle_seq >= seq {
                 return Ok(());
             }
             if inner.shutdown && self.sync_thread.lock().is_none() {
@@ -991,7 +1002,7 @@ impl Pool {
             let dirty = syncer.as_ref().is_some_and(|s| s.is_dirty());
             let mut inner = self.txg.inner.lock();
             if !dirty && !history {
-                inner.idle_upto = inner.open;
+                inner.idle_seq = inner.tx_seq;
                 inner.dirty_open = 0;
                 self.txg.cv.notify_all();
                 return Ok(false);
@@ -1415,9 +1426,7 @@ fn sync_loop(pool: std::sync::Weak<Pool>) {
         let t = p.txg.tunables;
         let go = {
             let mut inner = p.txg.inner.lock();
-            let wanted = |i: &crate::txg::TxgInner| {
-                i.want > i.synced.max(i.idle_upto) || i.dirty_open >= t.dirty_sync
-            };
+            let wanted = |i: &crate::txg::TxgInner| i.wanted() || i.dirty_open >= t.dirty_sync;
             if !wanted(&inner) && !inner.shutdown {
                 p.txg.cv.wait_for(&mut inner, Duration::from_millis(250));
             }
@@ -1438,10 +1447,7 @@ fn sync_loop(pool: std::sync::Weak<Pool>) {
                 }
             }
             let inner = p.txg.inner.lock();
-            if inner.shutdown
-                && inner.dirty_open == 0
-                && inner.want <= inner.synced.max(inner.idle_upto)
-            {
+            if inner.shutdown && inner.dirty_open == 0 && !inner.wanted() {
                 drop(inner);
                 // One more look: is anything left?
                 let dirty = p.syncer.lock().clone().is_some_and(|s| s.is_dirty())

@@ -63,8 +63,13 @@ pub(crate) struct TxgInner {
     pub dirty_syncing: u64,
     /// Highest txg a caller is waiting to see synced.
     pub want: u64,
-    /// Every transaction up to this txg is durable (set when a requested txg had nothing dirty).
-    pub idle_upto: u64,
+    /// Transactions started so far.
+    pub tx_seq: u64,
+    /// `tx_seq` when the sync thread last found nothing dirty (with no transaction running):
+    /// every transaction counted up to it is durable.
+    pub idle_seq: u64,
+    /// `tx_seq` of the newest waiter.
+    pub want_seq: u64,
     pub shutdown: bool,
     pub failed: Option<String>,
 }
@@ -91,7 +96,6 @@ impl TxgManager {
             inner: Mutex::new(TxgInner {
                 open,
                 synced: open - 1,
-                idle_upto: open - 1,
                 ..Default::default()
             }),
             cv: Condvar::new(),
@@ -129,6 +133,7 @@ impl TxgManager {
         let gate = self.gate.read();
         let mut inner = self.inner.lock();
         inner.dirty_open += bytes;
+        inner.tx_seq += 1;
         if inner.dirty_open >= t.dirty_sync {
             self.cv.notify_all();
         }
@@ -144,5 +149,12 @@ impl TxgManager {
 
     pub fn synced_txg(&self) -> u64 {
         self.inner.lock().synced
+    }
+}
+
+impl TxgInner {
+    /// Whether a waiter still needs a sync.
+    pub fn wanted(&self) -> bool {
+        self.want > self.synced && self.want_seq > self.idle_seq
     }
 }

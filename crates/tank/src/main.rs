@@ -1,1 +1,62 @@
-fn main() {}
+//! `tank`: the command-line interface.
+//!
+//! # Theory of operation
+//! Each command opens what it needs in this process (devices, pool, object store), does its
+//! work and closes the pool cleanly (everything synced). The vocabulary and output follow
+//! zpool/zfs; every listing command has `--json`. Errors are printed as one clear message and
+//! a non-zero exit; nothing panics on bad input.
+
+mod bench;
+mod cmd_debug;
+mod cmd_pool;
+mod datadir;
+mod demo;
+mod pools;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "tank",
+    version,
+    about = "A ZFS-class storage server in user space"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Pools: create, list, status, import, export, destroy, iostat, history.
+    #[command(subcommand)]
+    Pool(cmd_pool::PoolCmd),
+    /// Inspect on-disk structures and exercise the engine (in the spirit of zdb).
+    #[command(subcommand)]
+    Debug(cmd_debug::DebugCmd),
+    /// Create (if needed) the default pool under the data directory, write and read back
+    /// data through it, and show its status.
+    Demo(demo::DemoArgs),
+    /// Measure a pool layout against the raw device files it is built on.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Pool(c) => cmd_pool::run(c),
+        Command::Debug(c) => cmd_debug::run(c),
+        Command::Demo(a) => demo::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("tank: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// The command line as typed, for the pool history.
+pub fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("tank {}", args.join(" "))
+}

@@ -187,6 +187,7 @@ struct LeafInner {
     /// Why the leaf is not ONLINE, for `status`.
     reason: Option<String>,
     queue: Option<Sender<Request>>,
+    worker: Option<thread::JoinHandle<()>>,
 }
 
 /// A leaf vdev. See the module documentation.
@@ -220,6 +221,7 @@ impl Leaf {
                 state: VdevState::Unavail,
                 reason: Some("cannot open".into()),
                 queue: None,
+                worker: None,
             }),
             stats: LeafStats::default(),
             asize,
@@ -235,13 +237,14 @@ impl Leaf {
         let (tx, rx) = crossbeam_channel::unbounded();
         let worker_dev = dev.clone();
         let weak = Arc::downgrade(self);
-        thread::Builder::new()
+        let handle = thread::Builder::new()
             .name(format!("vdev-{:x}", self.guid & 0xffff))
             .spawn(move || worker(worker_dev, rx, weak))
             .expect("spawn vdev worker");
         let mut inner = self.inner.lock();
         inner.dev = Some(dev);
         inner.queue = Some(tx);
+        inner.worker = Some(handle);
         inner.state = VdevState::Online;
         inner.reason = None;
     }
@@ -364,11 +367,20 @@ impl Leaf {
         self.stats.cksum_errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Stops the worker (the leaf keeps its identity and counters).
+    /// Stops the worker and releases the device (and its lock) before returning; the leaf
+    /// keeps its identity and counters.
     pub fn close(&self) {
-        let mut inner = self.inner.lock();
-        inner.queue = None;
-        inner.dev = None;
+        let handle = {
+            let mut inner = self.inner.lock();
+            inner.queue = None;
+            inner.dev = None;
+            inner.worker.take()
+        };
+        if let Some(h) = handle {
+            if h.thread().id() != thread::current().id() {
+                let _ = h.join();
+            }
+        }
     }
 }
 

@@ -1,0 +1,696 @@
+//! Object sets and objects (ZFS's dmu): files of bytes with copy-on-write block trees,
+//! created, written, read, truncated and freed in transactions.
+//!
+//! # Theory of operation
+//! An object set is one copy-on-write B+tree (`tree.rs`) keyed by (object, kind, offset):
+//! - `(0, META, 0)`: the object set's header (next object id);
+//! - `(obj, HEADER, 0)`: an object's header (type, block size, size in bytes, txgs);
+//! - `(obj, DATA, blkid)`: block `blkid` of the object, a separately stored block (or, when it
+//!   is at most `INLINE_MAX` bytes, inline in the tree leaf). A missing key is a hole: zeros.
+//! - kinds from `FIRST_USER_KIND` up are for the layers above (directories, attributes).
+//!
+//! A block holds at most `block_size` bytes and is stored trimmed to the object's size, so a
+//! small file costs a small block. All-zero blocks are not stored (holes), as ZFS does with
+//! compression on.
+//!
+//! Changes go into the live tree under a pool transaction; at quiesce the tree is frozen
+//! (`CowTree::snapshot`, O(1)) and the sync writes the frozen version while the next txg
+//! changes the live one. Data blocks replaced in txg N are freed by the sync of txg N (the
+//! allocator defers their reuse).
+//!
+//! # Concurrency
+//! The live tree is behind a mutex; block reads happen outside it. One object set may be
+//! written by many threads, each change under its own transaction.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tank_block::{
+    AllocClass, BlockKind, BlockPtr, BlockStore, ChecksumKind, Compression, WriteProps,
+};
+use tank_pool::{PoolError, Tx};
+use tank_vdev::IoBatch;
+
+use crate::tree::{
+    BlockRef, CowTree, Key, NodeRef, NodeStore, TreeError, TreeSnapshot, Value, WriteKind,
+};
+use crate::ObjectError;
+
+pub const KIND_META: u8 = 0;
+pub const KIND_HEADER: u8 = 1;
+pub const KIND_DATA: u8 = 2;
+pub const FIRST_USER_KIND: u8 = 16;
+/// Data blocks up to this size live inline in tree leaves.
+pub const INLINE_MAX: usize = 1024;
+pub const MIN_BLOCK_SIZE: u32 = 512;
+pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
+/// Items removed per tree operation batch while truncating.
+const TRUNCATE_BATCH: usize = 4096;
+
+/// Properties that decide how the blocks of an object set are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WritePolicy {
+    pub checksum: ChecksumKind,
+    pub compression: Compression,
+    pub copies: u8,
+}
+
+impl Default for WritePolicy {
+    fn default() -> Self {
+        Self {
+            checksum: ChecksumKind::Blake3,
+            compression: Compression::Lz4,
+            copies: 1,
+        }
+    }
+}
+
+impl WritePolicy {
+    fn tag(&self) -> u32 {
+        u32::from(self.compression.to_u8())
+            | (u32::from(self.checksum as u8) << 8)
+            | (u32::from(self.copies) << 16)
+    }
+
+    fn from_tag(tag: u32) -> Self {
+        Self {
+            compression: Compression::from_u8(tag as u8).unwrap_or(Compression::Lz4),
+            checksum: ChecksumKind::from_u8((tag >> 8) as u8).unwrap_or(ChecksumKind::Blake3),
+            copies: ((tag >> 16) as u8).clamp(1, 3),
+        }
+    }
+}
+
+/// An object's header as stored at `(obj, HEADER, 0)` (40 bytes, LE): type u8, 3 zero bytes,
+/// block_size u32, size u64, created_txg u64, modified_txg u64, reserved u64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ObjectInfo {
+    pub id: u64,
+    pub obj_type: u8,
+    pub block_size: u32,
+    pub size: u64,
+    pub created_txg: u64,
+    pub modified_txg: u64,
+}
+
+impl ObjectInfo {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 40];
+        b[0] = self.obj_type;
+        b[4..8].copy_from_slice(&self.block_size.to_le_bytes());
+        b[8..16].copy_from_slice(&self.size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.created_txg.to_le_bytes());
+        b[24..32].copy_from_slice(&self.modified_txg.to_le_bytes());
+        b
+    }
+
+    fn decode(id: u64, b: &[u8]) -> Result<Self, ObjectError> {
+        if b.len() < 40 {
+            return Err(ObjectError::Corrupt(format!("object {id}: short header")));
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        let block_size = u32::from_le_bytes(b[4..8].try_into().expect("4"));
+        if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) || !block_size.is_power_of_two()
+        {
+            return Err(ObjectError::Corrupt(format!(
+                "object {id}: invalid block size {block_size}"
+            )));
+        }
+        Ok(Self {
+            id,
+            obj_type: b[0],
+            block_size,
+            size: u64_at(8),
+            created_txg: u64_at(16),
+            modified_txg: u64_at(24),
+        })
+    }
+}
+
+fn key(obj: u64, kind: u8, offset: u64) -> Key {
+    Key { obj, kind, offset }
+}
+
+/// Reads blocks for the live tree (writes happen only in a sync).
+pub(crate) struct ReadStore<'a> {
+    pub blocks: &'a BlockStore,
+}
+
+impl NodeStore for ReadStore<'_> {
+    fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+        self.blocks
+            .read(bp)
+            .map_err(|e| TreeError::Store(e.to_string()))
+    }
+    fn write_block(&self, _data: &[u8], _kind: WriteKind) -> Result<BlockPtr, TreeError> {
+        Err(TreeError::Store("write outside of a sync".into()))
+    }
+    fn free_block(&self, _bp: &BlockPtr) -> Result<(), TreeError> {
+        Err(TreeError::Store("free outside of a sync".into()))
+    }
+}
+
+/// The store a sync writes through: the txg, its batch, and the node write policy.
+struct SyncStore<'a> {
+    blocks: &'a BlockStore,
+    txg: u64,
+    batch: &'a Arc<IoBatch>,
+    node_policy: WritePolicy,
+}
+
+impl NodeStore for SyncStore<'_> {
+    fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+        self.blocks
+            .read(bp)
+            .map_err(|e| TreeError::Store(e.to_string()))
+    }
+    fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError> {
+        let props = match kind {
+            WriteKind::Node { level } => WriteProps {
+                kind: BlockKind::TreeNode,
+                level,
+                checksum: self.node_policy.checksum,
+                compression: Compression::Lz4,
+                // Metadata is kept in one more copy than data (ditto blocks).
+                copies: (self.node_policy.copies + 1).min(3),
+                class: AllocClass::Metadata,
+            },
+            WriteKind::Data { tag } => {
+                let p = WritePolicy::from_tag(tag);
+                WriteProps {
+                    kind: BlockKind::Data,
+                    level: 0,
+                    checksum: p.checksum,
+                    compression: p.compression,
+                    copies: p.copies,
+                    class: AllocClass::Data,
+                }
+            }
+        };
+        self.blocks
+            .write(data, &props, self.txg, 1, self.batch)
+            .map_err(|e| TreeError::Store(e.to_string()))
+    }
+    fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError> {
+        self.blocks
+            .free(bp, self.txg)
+            .map_err(|e| TreeError::Store(e.to_string()))
+    }
+}
+
+struct Frozen {
+    txg: u64,
+    snapshot: TreeSnapshot,
+    obsolete: Vec<Arc<NodeRef>>,
+    frees: Vec<Arc<BlockRef>>,
+}
+
+/// One object set. See the module documentation.
+pub struct ObjectSet {
+    pub id: u64,
+    blocks: Arc<BlockStore>,
+    tree: Mutex<CowTree>,
+    /// Data blocks replaced or removed in the open txg.
+    open_frees: Mutex<Vec<Arc<BlockRef>>>,
+    frozen: Mutex<Option<Frozen>>,
+    root: Mutex<Option<BlockPtr>>,
+    policy: Mutex<WritePolicy>,
+    dirty: AtomicBool,
+    /// Serializes whole-object operations (writes, truncates) against each other.
+    write_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for ObjectSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectSet").field("id", &self.id).finish()
+    }
+}
+
+impl ObjectSet {
+    pub(crate) fn open(id: u64, blocks: Arc<BlockStore>, root: Option<BlockPtr>) -> Self {
+        Self {
+            id,
+            blocks,
+            tree: Mutex::new(CowTree::open(root)),
+            open_frees: Mutex::new(Vec::new()),
+            frozen: Mutex::new(None),
+            root: Mutex::new(root),
+            policy: Mutex::new(WritePolicy::default()),
+            dirty: AtomicBool::new(false),
+            write_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn set_policy(&self, policy: WritePolicy) {
+        *self.policy.lock() = policy;
+    }
+
+    pub fn policy(&self) -> WritePolicy {
+        *self.policy.lock()
+    }
+
+    /// The committed root of the tree (as of the last sync).
+    pub fn root(&self) -> Option<BlockPtr> {
+        *self.root.lock()
+    }
+
+    fn store(&self) -> ReadStore<'_> {
+        ReadStore {
+            blocks: &self.blocks,
+        }
+    }
+
+    fn tree_get(&self, k: &Key) -> Result<Option<Value>, ObjectError> {
+        Ok(self.tree.lock().get(&self.store(), k)?)
+    }
+
+    fn tree_insert(&self, k: Key, v: Value) -> Result<(), ObjectError> {
+        let old = self.tree.lock().insert(&self.store(), k, v)?;
+        self.dirty.store(true, Ordering::Release);
+        self.retire(old);
+        Ok(())
+    }
+
+    fn tree_remove(&self, k: &Key) -> Result<(), ObjectError> {
+        let old = self.tree.lock().remove(&self.store(), k)?;
+        self.dirty.store(true, Ordering::Release);
+        self.retire(old);
+        Ok(())
+    }
+
+    /// A replaced data block is freed by the sync of the open txg (if it was ever written).
+    fn retire(&self, old: Option<Value>) {
+        if let Some(Value::Block(r)) = old {
+            self.open_frees.lock().push(r);
+        }
+    }
+
+    fn inline(bytes: &[u8]) -> Value {
+        Value::Inline(Arc::from(bytes))
+    }
+
+    // ---- generic items, for the layers above ----
+
+    pub fn get_item(
+        &self,
+        obj: u64,
+        kind: u8,
+        offset: u64,
+    ) -> Result<Option<Vec<u8>>, ObjectError> {
+        match self.tree_get(&key(obj, kind, offset))? {
+            None => Ok(None),
+            Some(v) => Ok(Some(self.value_bytes(&v)?)),
+        }
+    }
+
+    pub fn put_item(
+        &self,
+        _tx: &Tx<'_>,
+        obj: u64,
+        kind: u8,
+        offset: u64,
+        value: &[u8],
+    ) -> Result<(), ObjectError> {
+        if kind < FIRST_USER_KIND {
+            return Err(ObjectError::Invalid(format!(
+                "item kind {kind} is reserved"
+            )));
+        }
+        if value.len() > crate::tree::MAX_INLINE {
+            return Err(ObjectError::Invalid(format!(
+                "item of {} bytes is too large",
+                value.len()
+            )));
+        }
+        self.tree_insert(key(obj, kind, offset), Self::inline(value))
+    }
+
+    pub fn remove_item(
+        &self,
+        _tx: &Tx<'_>,
+        obj: u64,
+        kind: u8,
+        offset: u64,
+    ) -> Result<(), ObjectError> {
+        self.tree_remove(&key(obj, kind, offset))
+    }
+
+    /// Items of one object and kind with offsets in `[start, end)`, at most `limit`.
+    pub fn items(
+        &self,
+        obj: u64,
+        kind: u8,
+        start: u64,
+        end: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, ObjectError> {
+        let items = self.tree.lock().range(
+            &self.store(),
+            &key(obj, kind, start),
+            &key(obj, kind, end),
+            limit,
+        )?;
+        items
+            .into_iter()
+            .map(|(k, v)| Ok((k.offset, self.value_bytes(&v)?)))
+            .collect()
+    }
+
+    fn value_bytes(&self, v: &Value) -> Result<Vec<u8>, ObjectError> {
+        match v {
+            Value::Inline(b) => Ok(b.to_vec()),
+            Value::Block(r) => {
+                if let Some(d) = r.dirty_data() {
+                    return Ok(d.as_ref().clone());
+                }
+                let bp = r
+                    .bp()
+                    .ok_or_else(|| ObjectError::Corrupt("block reference without data".into()))?;
+                Ok(self.blocks.read(&bp)?)
+            }
+        }
+    }
+
+    // ---- objects ----
+
+    fn next_object(&self) -> Result<u64, ObjectError> {
+        Ok(match self.tree_get(&key(0, KIND_META, 0))? {
+            Some(Value::Inline(b)) if b.len() >= 8 => {
+                u64::from_le_bytes(b[..8].try_into().expect("8"))
+            }
+            Some(_) => return Err(ObjectError::Corrupt("object set header".into())),
+            None => 1,
+        })
+    }
+
+    /// Creates an object with the given block size (a power of two, 512 B to 1 MiB).
+    pub fn create_object(
+        &self,
+        tx: &Tx<'_>,
+        obj_type: u8,
+        block_size: u32,
+    ) -> Result<u64, ObjectError> {
+        if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) || !block_size.is_power_of_two()
+        {
+            return Err(ObjectError::Invalid(format!(
+                "block size {block_size} is not a power of two from 512 B to 1 MiB"
+            )));
+        }
+        let _w = self.write_lock.lock();
+        let id = self.next_object()?;
+        self.tree_insert(key(0, KIND_META, 0), Self::inline(&(id + 1).to_le_bytes()))?;
+        let info = ObjectInfo {
+            id,
+            obj_type,
+            block_size,
+            size: 0,
+            created_txg: tx.txg,
+            modified_txg: tx.txg,
+        };
+        self.tree_insert(key(id, KIND_HEADER, 0), Self::inline(&info.encode()))?;
+        Ok(id)
+    }
+
+    pub fn stat(&self, obj: u64) -> Result<ObjectInfo, ObjectError> {
+        match self.tree_get(&key(obj, KIND_HEADER, 0))? {
+            Some(Value::Inline(b)) => ObjectInfo::decode(obj, &b),
+            Some(_) => Err(ObjectError::Corrupt(format!(
+                "object {obj}: header is not inline"
+            ))),
+            None => Err(ObjectError::NoSuchObject(obj)),
+        }
+    }
+
+    fn put_info(&self, info: &ObjectInfo) -> Result<(), ObjectError> {
+        self.tree_insert(key(info.id, KIND_HEADER, 0), Self::inline(&info.encode()))
+    }
+
+    /// Object ids in use, in order, starting at `from`, at most `limit`.
+    pub fn list_objects(&self, from: u64, limit: usize) -> Result<Vec<u64>, ObjectError> {
+        let mut out = Vec::new();
+        let mut cursor = from.max(1);
+        let tree = self.tree.lock();
+        while out.len() < limit {
+            // Find the next header at or after the cursor.
+            let items = tree.range(
+                &self.store(),
+                &key(cursor, KIND_HEADER, 0),
+                &key(u64::MAX, 0, 0),
+                1,
+            )?;
+            let Some((k, _)) = items.into_iter().next() else {
+                break;
+            };
+            if k.kind == KIND_HEADER && k.offset == 0 {
+                out.push(k.obj);
+            }
+            if k.obj == u64::MAX {
+                break;
+            }
+            cursor = k.obj + 1;
+        }
+        Ok(out)
+    }
+
+    /// The bytes of block `blkid` (trimmed; may be shorter than the block size), or None for a hole.
+    fn read_block(&self, obj: u64, blkid: u64) -> Result<Option<Vec<u8>>, ObjectError> {
+        match self.tree_get(&key(obj, KIND_DATA, blkid))? {
+            None => Ok(None),
+            Some(v) => Ok(Some(self.value_bytes(&v)?)),
+        }
+    }
+
+    /// Stores block `blkid` with `data` (already trimmed to the object size); zeros become a hole.
+    fn put_block(&self, obj: u64, blkid: u64, mut data: Vec<u8>) -> Result<(), ObjectError> {
+        let k = key(obj, KIND_DATA, blkid);
+        while data.last() == Some(&0) {
+            data.pop();
+        }
+        if data.is_empty() {
+            return self.tree_remove(&k);
+        }
+        // Pad to a whole 512-byte unit so compression and sector rounding see the same size.
+        let padded = data.len().div_ceil(512) * 512;
+        data.resize(padded, 0);
+        let v = if data.len() <= INLINE_MAX {
+            Self::inline(&data)
+        } else {
+            Value::Block(BlockRef::new_dirty(Arc::new(data), self.policy().tag()))
+        };
+        self.tree_insert(k, v)
+    }
+
+    /// Reads up to `len` bytes at `offset`; short at the end of the object.
+    pub fn read(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
+        let info = self.stat(obj)?;
+        if offset >= info.size {
+            return Ok(Vec::new());
+        }
+        let end = info.size.min(offset + len as u64);
+        let bs = u64::from(info.block_size);
+        let mut out = vec![0u8; (end - offset) as usize];
+        let mut pos = offset;
+        while pos < end {
+            let blkid = pos / bs;
+            let in_block = pos % bs;
+            let n = (bs - in_block).min(end - pos);
+            if let Some(block) = self.read_block(obj, blkid)? {
+                let start = in_block as usize;
+                if start < block.len() {
+                    let avail = (block.len() - start).min(n as usize);
+                    let dst = (pos - offset) as usize;
+                    out[dst..dst + avail].copy_from_slice(&block[start..start + avail]);
+                }
+            }
+            pos += n;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset`, extending the object as needed.
+    pub fn write(
+        &self,
+        tx: &Tx<'_>,
+        obj: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ObjectError> {
+        let _w = self.write_lock.lock();
+        let mut info = self.stat(obj)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| ObjectError::Invalid("write past the largest offset".into()))?;
+        let bs = u64::from(info.block_size);
+        let new_size = info.size.max(end);
+        let mut pos = offset;
+        while pos < end {
+            let blkid = pos / bs;
+            let block_start = blkid * bs;
+            let in_block = (pos - block_start) as usize;
+            let n = ((bs - in_block as u64).min(end - pos)) as usize;
+            // Valid bytes of this block once the write is done.
+            let valid = (new_size - block_start).min(bs) as usize;
+            let mut buf = if in_block == 0 && n >= valid {
+                Vec::with_capacity(valid)
+            } else {
+                self.read_block(obj, blkid)?.unwrap_or_default()
+            };
+            buf.resize(valid, 0);
+            let src = (pos - offset) as usize;
+            buf[in_block..in_block + n].copy_from_slice(&data[src..src + n]);
+            self.put_block(obj, blkid, buf)?;
+            pos += n as u64;
+        }
+        info.size = new_size;
+        info.modified_txg = tx.txg;
+        self.put_info(&info)
+    }
+
+    /// Sets the object's size; blocks past it are freed, the last one trimmed.
+    pub fn truncate(&self, tx: &Tx<'_>, obj: u64, size: u64) -> Result<(), ObjectError> {
+        let _w = self.write_lock.lock();
+        let mut info = self.stat(obj)?;
+        let bs = u64::from(info.block_size);
+        if size < info.size {
+            let first_gone = size.div_ceil(bs);
+            self.remove_data_from(obj, first_gone)?;
+            if !size.is_multiple_of(bs) {
+                let blkid = size / bs;
+                if let Some(mut b) = self.read_block(obj, blkid)? {
+                    b.truncate((size % bs) as usize);
+                    self.put_block(obj, blkid, b)?;
+                }
+            }
+        }
+        info.size = size;
+        info.modified_txg = tx.txg;
+        self.put_info(&info)
+    }
+
+    fn remove_data_from(&self, obj: u64, first: u64) -> Result<(), ObjectError> {
+        loop {
+            let items = self.tree.lock().range(
+                &self.store(),
+                &key(obj, KIND_DATA, first),
+                &key(obj, KIND_DATA + 1, 0),
+                TRUNCATE_BATCH,
+            )?;
+            if items.is_empty() {
+                return Ok(());
+            }
+            for (k, _) in items {
+                self.tree_remove(&k)?;
+            }
+        }
+    }
+
+    /// Frees an object and all its blocks and items.
+    pub fn free_object(&self, _tx: &Tx<'_>, obj: u64) -> Result<(), ObjectError> {
+        let _w = self.write_lock.lock();
+        self.stat(obj)?;
+        loop {
+            let items = self.tree.lock().range(
+                &self.store(),
+                &key(obj, 0, 0),
+                &key(obj, u8::MAX, u64::MAX),
+                TRUNCATE_BATCH,
+            )?;
+            if items.is_empty() {
+                return Ok(());
+            }
+            for (k, _) in items {
+                self.tree_remove(&k)?;
+            }
+        }
+    }
+
+    // ---- sync ----
+
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn quiesce(&self, txg: u64) {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let (snapshot, obsolete) = self.tree.lock().snapshot();
+        let frees = std::mem::take(&mut *self.open_frees.lock());
+        *self.frozen.lock() = Some(Frozen {
+            txg,
+            snapshot,
+            obsolete,
+            frees,
+        });
+    }
+
+    pub(crate) fn sync(
+        &self,
+        blocks: &BlockStore,
+        txg: u64,
+        batch: &Arc<IoBatch>,
+    ) -> Result<Option<BlockPtr>, PoolError> {
+        let Some(frozen) = self.frozen.lock().take() else {
+            return Ok(self.root());
+        };
+        assert_eq!(
+            frozen.txg, txg,
+            "object set {} frozen for another txg",
+            self.id
+        );
+        let store = SyncStore {
+            blocks,
+            txg,
+            batch,
+            node_policy: self.policy(),
+        };
+        let root = frozen
+            .snapshot
+            .sync(&store, frozen.obsolete)
+            .map_err(|e| PoolError::Corrupt(format!("object set {}: {e}", self.id)))?;
+        for r in frozen.frees {
+            if let Some(bp) = r.bp() {
+                blocks.free(&bp, txg)?;
+            }
+        }
+        *self.root.lock() = root;
+        Ok(root)
+    }
+
+    /// Drops cached clean tree nodes (memory bound).
+    pub fn evict_clean(&self) {
+        self.tree.lock().evict_clean();
+    }
+
+    pub fn cached_nodes(&self) -> usize {
+        self.tree.lock().cached_nodes()
+    }
+
+    /// Every block pointer reachable from the committed root, by walking the tree (for `debug`).
+    pub fn dump(&self, limit: usize) -> Result<Vec<(Key, String)>, ObjectError> {
+        let items = self.tree.lock().range(
+            &self.store(),
+            &key(0, 0, 0),
+            &key(u64::MAX, u8::MAX, u64::MAX),
+            limit,
+        )?;
+        Ok(items
+            .into_iter()
+            .map(|(k, v)| {
+                let desc = match &v {
+                    Value::Inline(b) => format!("inline {} bytes", b.len()),
+                    Value::Block(r) => match r.bp() {
+                        Some(bp) => bp.describe(),
+                        None => "dirty (not yet written)".into(),
+                    },
+                };
+                (k, desc)
+            })
+            .collect())
+    }
+}
+
+/// The object sets of a pool, keyed by id (used by the store).
+pub(crate) type ObjsetMap = BTreeMap<u64, Arc<ObjectSet>>;

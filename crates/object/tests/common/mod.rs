@@ -1,0 +1,201 @@
+//! Shared helpers for the engine tests: pools on simulated or in-memory devices, a workload
+//! model, and verification against it.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tank_device::{DeviceRef, MemDevice, SimDevice, SimFleet};
+use tank_object::{ObjectStore, ROOT_OBJSET};
+use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec, TxgTunables};
+
+/// Tunables that make txgs commit only when a test asks (so a txg is exactly one step).
+pub fn manual_txgs() -> TxgTunables {
+    TxgTunables {
+        dirty_max: 512 << 20,
+        dirty_sync: u64::MAX / 2,
+        timeout: Duration::from_secs(3600),
+    }
+}
+
+pub fn spec(s: &str) -> PoolSpec {
+    let toks: Vec<String> = s.split_whitespace().map(String::from).collect();
+    PoolSpec::parse(&toks, true).unwrap()
+}
+
+pub fn sim_pool(
+    fleet: &SimFleet,
+    layout: &str,
+    n: usize,
+    size: u64,
+) -> (Vec<SimDevice>, Arc<Pool>, Arc<ObjectStore>) {
+    let devs: Vec<SimDevice> = (0..n)
+        .map(|i| fleet.device(&format!("d{i}"), size))
+        .collect();
+    let map: HashMap<String, DeviceRef> = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("d{i}"), Arc::new(d.clone()) as DeviceRef))
+        .collect();
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    let spec_text = if layout.is_empty() {
+        names.join(" ")
+    } else if layout == "mirror2" {
+        names
+            .chunks(2)
+            .map(|c| format!("mirror {}", c.join(" ")))
+            .collect::<Vec<_>>()
+            .join(" ")
+    } else {
+        format!("{layout} {}", names.join(" "))
+    };
+    let opts = CreateOptions {
+        ashift: 12,
+        force: false,
+        tunables: manual_txgs(),
+    };
+    let (pool, _) = Pool::create("sim", &spec(&spec_text), &map, &opts).unwrap();
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    (devs, pool, store)
+}
+
+pub fn import_images(
+    images: Vec<(String, Vec<u8>)>,
+    rewind: bool,
+) -> Result<(Arc<Pool>, Arc<ObjectStore>), String> {
+    let devs: Vec<DeviceRef> = images
+        .into_iter()
+        .map(|(n, b)| Arc::new(MemDevice::from_bytes(n, b)) as DeviceRef)
+        .collect();
+    import_devs(&devs, rewind)
+}
+
+pub fn import_devs(
+    devs: &[DeviceRef],
+    rewind: bool,
+) -> Result<(Arc<Pool>, Arc<ObjectStore>), String> {
+    let pool = Pool::import(
+        devs,
+        &ImportOptions {
+            name: None,
+            rewind,
+            force: false,
+            tunables: Some(manual_txgs()),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let store = ObjectStore::open(pool.clone()).map_err(|e| e.to_string())?;
+    Ok((pool, store))
+}
+
+/// The model: object id → contents.
+pub type Model = BTreeMap<u64, Vec<u8>>;
+
+/// Deterministic pseudo-random bytes (compressible or not).
+pub fn bytes(rng: &mut ChaCha8Rng, len: usize, compressible: bool) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    if compressible {
+        let word: u8 = rng.gen();
+        for (i, b) in v.iter_mut().enumerate() {
+            *b = word.wrapping_add((i / 97) as u8);
+        }
+    } else {
+        rng.fill(&mut v[..]);
+    }
+    v
+}
+
+/// One step of a random workload against the root object set, mirrored in `model`.
+/// Returns an error string when the engine refused (e.g. after a crash).
+pub fn random_step(
+    store: &ObjectStore,
+    model: &mut Model,
+    rng: &mut ChaCha8Rng,
+    max_len: usize,
+) -> Result<(), String> {
+    let os = store.objset(ROOT_OBJSET).map_err(|e| e.to_string())?;
+    let op = rng.gen_range(0..10);
+    let ids: Vec<u64> = model.keys().copied().collect();
+    match op {
+        0..=2 if !ids.is_empty() || op == 0 => {
+            let bs = [512u32, 4096, 16384, 131072][rng.gen_range(0..4)];
+            let tx = store.begin(0).map_err(|e| e.to_string())?;
+            let id = os.create_object(&tx, 1, bs).map_err(|e| e.to_string())?;
+            let len = rng.gen_range(0..max_len);
+            let c = rng.gen_bool(0.5);
+            let data = bytes(rng, len, c);
+            drop(tx);
+            let tx = store.begin(len as u64).map_err(|e| e.to_string())?;
+            os.write(&tx, id, 0, &data).map_err(|e| e.to_string())?;
+            model.insert(id, data);
+        }
+        3..=6 if !ids.is_empty() => {
+            let id = ids[rng.gen_range(0..ids.len())];
+            let cur = model.get_mut(&id).expect("id");
+            let off = rng.gen_range(0..=cur.len() + 4096);
+            let len = rng.gen_range(1..max_len.max(2));
+            let c = rng.gen_bool(0.3);
+            let data = bytes(rng, len, c);
+            let tx = store.begin(len as u64).map_err(|e| e.to_string())?;
+            os.write(&tx, id, off as u64, &data)
+                .map_err(|e| e.to_string())?;
+            if cur.len() < off + len {
+                cur.resize(off + len, 0);
+            }
+            cur[off..off + len].copy_from_slice(&data);
+        }
+        7 | 8 if !ids.is_empty() => {
+            let id = ids[rng.gen_range(0..ids.len())];
+            let cur = model.get_mut(&id).expect("id");
+            let size = rng.gen_range(0..=cur.len() + 10000);
+            let tx = store.begin(0).map_err(|e| e.to_string())?;
+            os.truncate(&tx, id, size as u64)
+                .map_err(|e| e.to_string())?;
+            cur.resize(size, 0);
+        }
+        9 if !ids.is_empty() => {
+            let id = ids[rng.gen_range(0..ids.len())];
+            let tx = store.begin(0).map_err(|e| e.to_string())?;
+            os.free_object(&tx, id).map_err(|e| e.to_string())?;
+            model.remove(&id);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Checks every object of the model and that no other object exists.
+pub fn verify(store: &ObjectStore, model: &Model) -> Result<(), String> {
+    let os = store.objset(ROOT_OBJSET).map_err(|e| e.to_string())?;
+    let listed = os.list_objects(1, usize::MAX).map_err(|e| e.to_string())?;
+    let expected: Vec<u64> = model.keys().copied().collect();
+    if listed != expected {
+        return Err(format!("objects {listed:?}, expected {expected:?}"));
+    }
+    for (id, data) in model {
+        let info = os.stat(*id).map_err(|e| e.to_string())?;
+        if info.size != data.len() as u64 {
+            return Err(format!(
+                "object {id}: size {} expected {}",
+                info.size,
+                data.len()
+            ));
+        }
+        let got = os
+            .read(*id, 0, data.len() + 10)
+            .map_err(|e| format!("object {id}: {e}"))?;
+        if got != *data {
+            let at = got.iter().zip(data.iter()).position(|(a, b)| a != b);
+            return Err(format!("object {id}: content differs (first at {at:?})"));
+        }
+    }
+    Ok(())
+}
+
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}

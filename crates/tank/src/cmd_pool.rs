@@ -1,0 +1,634 @@
+//! `tank pool ...`: the zpool vocabulary.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use comfy_table::{presets, Table};
+use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec, PoolStatus, VdevStatus};
+
+use crate::datadir::{data_dir, human, parse_size, PoolCache};
+use crate::pools::{cache_entry, open_for_create, open_pool, scan_dirs};
+
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Create a pool: tank pool create [-f] [-o ashift=N] NAME [mirror|raidz1|raidz2|raidz3] DEV... [log DEV...] [cache DEV...] [spare DEV...] [special ...]
+    Create(CreateArgs),
+    /// List imported pools with their size and health.
+    List(ListArgs),
+    /// Show the vdev tree with states and READ/WRITE/CKSUM counters.
+    Status(StatusArgs),
+    /// Export a pool: sync it, mark it exported and release its devices.
+    Export(NameArg),
+    /// Import a pool, or list the pools that can be imported.
+    Import(ImportArgs),
+    /// Destroy a pool (its devices are marked destroyed).
+    Destroy(DestroyArgs),
+    /// Show I/O statistics.
+    Iostat(IostatArgs),
+    /// Show the commands that changed the pool.
+    History(HistoryArgs),
+}
+
+#[derive(Args)]
+pub struct CreateArgs {
+    /// Use devices even if they appear to belong to another pool, and allow mixed replication.
+    #[arg(short = 'f')]
+    force: bool,
+    /// Pool property at creation: ashift=N (9 to 16).
+    #[arg(short = 'o', value_name = "PROP=VALUE")]
+    props: Vec<String>,
+    /// Create missing device files, sparse, of this size (e.g. 4G).
+    #[arg(long)]
+    size: Option<String>,
+    #[arg(long)]
+    json: bool,
+    name: String,
+    /// The vdev specification.
+    #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
+    spec: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct ListArgs {
+    /// Scripted mode: no header, tab-separated.
+    #[arg(short = 'H')]
+    scripted: bool,
+    /// Columns: name,size,alloc,free,cap,health,guid,ashift,txg,usable.
+    #[arg(short = 'o', value_delimiter = ',')]
+    props: Vec<String>,
+    #[arg(long)]
+    json: bool,
+    names: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// Verbose: also per-device I/O counts.
+    #[arg(short = 'v')]
+    verbose: bool,
+    #[arg(long)]
+    json: bool,
+    name: Option<String>,
+}
+
+#[derive(Args)]
+pub struct NameArg {
+    name: String,
+}
+
+#[derive(Args)]
+pub struct DestroyArgs {
+    #[arg(short = 'f')]
+    force: bool,
+    name: String,
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    /// Directory to search for devices (repeatable). Default: the data directory.
+    #[arg(short = 'd')]
+    dirs: Vec<PathBuf>,
+    /// Rewind to an older transaction group if the newest one is damaged.
+    #[arg(short = 'F')]
+    rewind: bool,
+    /// Import even if the pool looks active on another host, or was destroyed.
+    #[arg(short = 'f')]
+    force: bool,
+    #[arg(long)]
+    json: bool,
+    /// Pool name or numeric guid.
+    name: Option<String>,
+}
+
+#[derive(Args)]
+pub struct IostatArgs {
+    #[arg(short = 'v')]
+    verbose: bool,
+    #[arg(long)]
+    json: bool,
+    /// [POOL] [INTERVAL [COUNT]]
+    args: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct HistoryArgs {
+    #[arg(long)]
+    json: bool,
+    name: Option<String>,
+}
+
+pub fn run(cmd: PoolCmd) -> Result<()> {
+    match cmd {
+        PoolCmd::Create(a) => create(a),
+        PoolCmd::List(a) => list(a),
+        PoolCmd::Status(a) => status(a),
+        PoolCmd::Export(a) => export(&a.name),
+        PoolCmd::Import(a) => import(a),
+        PoolCmd::Destroy(a) => destroy(a),
+        PoolCmd::Iostat(a) => iostat(a),
+        PoolCmd::History(a) => history(a),
+    }
+}
+
+fn create(a: CreateArgs) -> Result<()> {
+    let mut ashift = 12;
+    for p in &a.props {
+        match p.split_once('=') {
+            Some(("ashift", v)) => {
+                ashift = v
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("invalid ashift '{v}': a number from 9 to 16"))?
+            }
+            _ => bail!("invalid pool property '{p}' (supported at create: ashift=N)"),
+        }
+    }
+    let cache = PoolCache::load(&data_dir())?;
+    if cache.find(&a.name).is_some() {
+        bail!(
+            "cannot create '{}': a pool with that name is already imported",
+            a.name
+        );
+    }
+    let spec = PoolSpec::parse(&a.spec, a.force)?;
+    let size = a.size.as_deref().map(parse_size).transpose()?;
+    let devices = open_for_create(&spec.all_devices(), size)?;
+    let opts = CreateOptions {
+        ashift,
+        force: a.force,
+        ..Default::default()
+    };
+    let (pool, warnings) = Pool::create(&a.name, &spec, &devices, &opts)?;
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    pool.log_history(&crate::command_line());
+    let store = tank_object::ObjectStore::open(pool.clone())?;
+    store.sync()?;
+    let mut cache = PoolCache::load(&data_dir())?;
+    cache.upsert(cache_entry(&pool));
+    cache.save(&data_dir())?;
+    let st = pool.status();
+    pool.shutdown()?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        println!(
+            "created pool '{}': {} raw, {} usable, {}",
+            st.name,
+            human(st.space.size),
+            human(st.space.usable),
+            st.state
+        );
+    }
+    Ok(())
+}
+
+fn pool_names(given: &[String]) -> Result<Vec<String>> {
+    if !given.is_empty() {
+        return Ok(given.to_vec());
+    }
+    Ok(PoolCache::load(&data_dir())?
+        .pools
+        .into_iter()
+        .map(|p| p.name)
+        .collect())
+}
+
+fn list(a: ListArgs) -> Result<()> {
+    let cols: Vec<String> = if a.props.is_empty() {
+        ["name", "size", "alloc", "free", "cap", "health"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    } else {
+        a.props.clone()
+    };
+    let known = [
+        "name", "size", "alloc", "free", "cap", "health", "guid", "ashift", "txg", "usable",
+    ];
+    for c in &cols {
+        if !known.contains(&c.as_str()) {
+            bail!("invalid property '{c}' (valid: {})", known.join(","));
+        }
+    }
+    let mut rows = Vec::new();
+    let mut json = Vec::new();
+    for name in pool_names(&a.names)? {
+        let opened = open_pool(&name)?;
+        let st = opened.pool.status();
+        let ashift = opened.pool.ashift();
+        opened.close()?;
+        let cap = (st.space.allocated * 100)
+            .checked_div(st.space.size)
+            .unwrap_or(0);
+        let value = |c: &str, raw: bool| -> String {
+            let h = |b: u64| if raw { b.to_string() } else { human(b) };
+            match c {
+                "name" => st.name.clone(),
+                "size" => h(st.space.size),
+                "alloc" => h(st.space.allocated),
+                "free" => h(st.space.free),
+                "cap" => format!("{cap}%"),
+                "health" => st.state.clone(),
+                "guid" => st.guid.to_string(),
+                "ashift" => ashift.to_string(),
+                "txg" => st.txg.to_string(),
+                "usable" => h(st.space.usable),
+                _ => "-".into(),
+            }
+        };
+        rows.push(
+            cols.iter()
+                .map(|c| value(c, a.scripted))
+                .collect::<Vec<_>>(),
+        );
+        json.push(serde_json::json!({
+            "name": st.name, "guid": st.guid, "size": st.space.size, "allocated": st.space.allocated,
+            "free": st.space.free, "capacity": cap, "health": st.state, "ashift": ashift,
+            "txg": st.txg, "usable": st.space.usable,
+        }));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else if a.scripted {
+        for r in rows {
+            println!("{}", r.join("\t"));
+        }
+    } else if rows.is_empty() {
+        println!("no pools available");
+    } else {
+        let mut t = Table::new();
+        t.load_style(presets::NOTHING);
+        t.set_header(cols.iter().map(|c| c.to_uppercase()));
+        for r in rows {
+            t.add_row(r);
+        }
+        println!("{t}");
+    }
+    Ok(())
+}
+
+fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool) {
+    let mut row = vec![
+        format!("{}{}", "  ".repeat(depth), v.name),
+        v.state.clone(),
+        v.read_errors.to_string(),
+        v.write_errors.to_string(),
+        v.cksum_errors.to_string(),
+    ];
+    if verbose {
+        row.push(if v.path.is_some() {
+            format!(
+                "{} reads {}, {} writes {}",
+                v.stats.read_ops,
+                human(v.stats.read_bytes),
+                v.stats.write_ops,
+                human(v.stats.write_bytes)
+            )
+        } else {
+            String::new()
+        });
+    }
+    row.push(v.note.clone().unwrap_or_default());
+    t.add_row(row);
+    for c in &v.children {
+        status_tree(t, c, depth + 1, verbose);
+    }
+}
+
+pub fn print_status(st: &PoolStatus, verbose: bool) {
+    println!("  pool: {}", st.name);
+    println!(" state: {}", st.state);
+    if let Some(s) = &st.status {
+        println!("status: {s}");
+    }
+    if let Some(a) = &st.action {
+        println!("action: {a}");
+    }
+    println!("  scan: none requested");
+    println!("config:\n");
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    let mut header = vec!["NAME", "STATE", "READ", "WRITE", "CKSUM"];
+    if verbose {
+        header.push("I/O");
+    }
+    header.push("");
+    t.set_header(header);
+    for v in &st.config {
+        status_tree(&mut t, v, 0, verbose);
+    }
+    for (section, vdevs) in &st.sections {
+        let mut row = vec![
+            section.clone(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ];
+        if verbose {
+            row.push(String::new());
+        }
+        row.push(String::new());
+        t.add_row(row);
+        for v in vdevs {
+            status_tree(&mut t, v, 1, verbose);
+        }
+    }
+    println!("{t}\n");
+    println!(
+        "space: {} raw, {} allocated, {} free ({} usable for data); txg {}",
+        human(st.space.size),
+        human(st.space.allocated),
+        human(st.space.free),
+        human(st.space.usable),
+        st.txg
+    );
+    if st.healed_blocks > 0 {
+        println!(
+            "healed: {} block(s) repaired from redundancy since import",
+            st.healed_blocks
+        );
+    }
+    println!("errors: No known data errors");
+}
+
+fn status(a: StatusArgs) -> Result<()> {
+    let names = match &a.name {
+        Some(n) => vec![n.clone()],
+        None => pool_names(&[])?,
+    };
+    if names.is_empty() {
+        println!("no pools available");
+        return Ok(());
+    }
+    let mut all = Vec::new();
+    for name in names {
+        let opened = open_pool(&name)?;
+        for n in &opened.pool.import_notes {
+            eprintln!("note: {n}");
+        }
+        all.push(opened.pool.status());
+        opened.close()?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    } else {
+        for st in &all {
+            print_status(st, a.verbose);
+        }
+    }
+    Ok(())
+}
+
+fn export(name: &str) -> Result<()> {
+    let opened = open_pool(name)?;
+    opened.pool.log_history(&crate::command_line());
+    opened.pool.export()?;
+    let mut cache = PoolCache::load(&data_dir())?;
+    cache.remove(name);
+    cache.save(&data_dir())?;
+    println!("exported pool '{name}'");
+    Ok(())
+}
+
+fn import(a: ImportArgs) -> Result<()> {
+    let dirs = if a.dirs.is_empty() {
+        vec![data_dir()]
+    } else {
+        a.dirs.clone()
+    };
+    let Some(name) = a.name.clone() else {
+        let devs = scan_dirs(&dirs, false)?;
+        let found = Pool::scan(&devs);
+        let cache = PoolCache::load(&data_dir())?;
+        let found: Vec<_> = found
+            .into_iter()
+            .filter(|c| cache.find(&c.guid.to_string()).is_none())
+            .collect();
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&found)?);
+        } else if found.is_empty() {
+            println!("no pools available to import");
+        } else {
+            for c in found {
+                println!("   pool: {}", c.name);
+                println!("     id: {}", c.guid);
+                println!(
+                    "  state: {}{}",
+                    c.state,
+                    if c.importable {
+                        ""
+                    } else {
+                        " (cannot be imported: too many devices missing)"
+                    }
+                );
+                println!("   host: {}", c.hostname);
+                println!("devices: {} of {} found", c.devices_found, c.devices_total);
+                for v in &c.vdevs {
+                    println!("         {v}");
+                }
+                for m in &c.missing {
+                    println!("missing: {m}");
+                }
+                println!();
+            }
+        }
+        return Ok(());
+    };
+    let cache = PoolCache::load(&data_dir())?;
+    if cache.find(&name).is_some() {
+        bail!("cannot import '{name}': a pool with that name is already imported");
+    }
+    let devs = scan_dirs(&dirs, true)?;
+    let pool = Pool::import(
+        &devs,
+        &ImportOptions {
+            name: Some(name.clone()),
+            rewind: a.rewind,
+            force: a.force,
+            tunables: None,
+        },
+    )?;
+    drop(devs);
+    for n in &pool.import_notes {
+        eprintln!("note: {n}");
+    }
+    pool.log_history(&crate::command_line());
+    let store = tank_object::ObjectStore::open(pool.clone()).context("cannot open object sets")?;
+    store.sync()?;
+    let mut cache = PoolCache::load(&data_dir())?;
+    cache.upsert(cache_entry(&pool));
+    cache.save(&data_dir())?;
+    let st = pool.status();
+    pool.shutdown()?;
+    println!("imported pool '{}' ({})", st.name, st.state);
+    Ok(())
+}
+
+fn destroy(a: DestroyArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    opened.pool.destroy()?;
+    let mut cache = PoolCache::load(&data_dir())?;
+    cache.remove(&a.name);
+    cache.save(&data_dir())?;
+    println!("destroyed pool '{}'", a.name);
+    Ok(())
+}
+
+fn iostat(a: IostatArgs) -> Result<()> {
+    let mut name = None;
+    let mut nums = Vec::new();
+    for s in &a.args {
+        match s.parse::<f64>() {
+            Ok(v) if v > 0.0 => nums.push(v),
+            Ok(_) => bail!("interval and count must be positive"),
+            Err(_) if name.is_none() && nums.is_empty() => name = Some(s.clone()),
+            Err(_) => {
+                bail!("unexpected argument '{s}' (usage: iostat [-v] [POOL] [INTERVAL [COUNT]])")
+            }
+        }
+    }
+    let interval = nums.first().copied();
+    let count = nums
+        .get(1)
+        .map(|c| *c as u64)
+        .unwrap_or(if interval.is_some() { u64::MAX } else { 1 });
+    let names = match name {
+        Some(n) => vec![n],
+        None => pool_names(&[])?,
+    };
+    let opened: Vec<_> = names.iter().map(|n| open_pool(n)).collect::<Result<_>>()?;
+    let mut prev: Vec<PoolStatus> = opened.iter().map(|o| o.pool.status()).collect();
+    let mut last = Instant::now();
+    let mut out_json = Vec::new();
+    for i in 0..count {
+        if i > 0 || interval.is_some() {
+            std::thread::sleep(Duration::from_secs_f64(interval.unwrap_or(1.0)));
+        }
+        let secs = last.elapsed().as_secs_f64().max(1e-3);
+        last = Instant::now();
+        let mut t = Table::new();
+        t.load_style(presets::NOTHING);
+        t.set_header([
+            "POOL/VDEV",
+            "ALLOC",
+            "FREE",
+            "READ OPS/S",
+            "WRITE OPS/S",
+            "READ BW",
+            "WRITE BW",
+        ]);
+        for (o, p) in opened.iter().zip(prev.iter_mut()) {
+            let st = o.pool.status();
+            let rate = |new: &VdevStatus, old: &VdevStatus| {
+                let sum = |v: &VdevStatus| {
+                    let mut s = v.stats;
+                    for c in &v.children {
+                        s.read_ops += c.stats.read_ops;
+                        s.write_ops += c.stats.write_ops;
+                        s.read_bytes += c.stats.read_bytes;
+                        s.write_bytes += c.stats.write_bytes;
+                        for g in &c.children {
+                            s.read_ops += g.stats.read_ops;
+                            s.write_ops += g.stats.write_ops;
+                            s.read_bytes += g.stats.read_bytes;
+                            s.write_bytes += g.stats.write_bytes;
+                        }
+                    }
+                    s
+                };
+                let (n, o) = (sum(new), sum(old));
+                (
+                    (n.read_ops - o.read_ops) as f64 / secs,
+                    (n.write_ops - o.write_ops) as f64 / secs,
+                    (n.read_bytes - o.read_bytes) as f64 / secs,
+                    (n.write_bytes - o.write_bytes) as f64 / secs,
+                )
+            };
+            let (r, w, rb, wb) = rate(&st.config[0], &p.config[0]);
+            t.add_row(vec![
+                st.name.clone(),
+                human(st.space.allocated),
+                human(st.space.free),
+                format!("{r:.0}"),
+                format!("{w:.0}"),
+                human(rb as u64),
+                human(wb as u64),
+            ]);
+            out_json.push(serde_json::json!({"pool": st.name, "allocated": st.space.allocated, "free": st.space.free,
+                "read_ops_per_s": r, "write_ops_per_s": w, "read_bytes_per_s": rb, "write_bytes_per_s": wb}));
+            if a.verbose {
+                for (nv, ov) in st.config[0]
+                    .children
+                    .iter()
+                    .zip(p.config[0].children.iter())
+                {
+                    let (r, w, rb, wb) = rate(nv, ov);
+                    t.add_row(vec![
+                        format!("  {}", nv.name),
+                        String::new(),
+                        String::new(),
+                        format!("{r:.0}"),
+                        format!("{w:.0}"),
+                        human(rb as u64),
+                        human(wb as u64),
+                    ]);
+                    for (nl, ol) in nv.children.iter().zip(ov.children.iter()) {
+                        let (r, w, rb, wb) = rate(nl, ol);
+                        t.add_row(vec![
+                            format!("    {}", nl.name),
+                            String::new(),
+                            String::new(),
+                            format!("{r:.0}"),
+                            format!("{w:.0}"),
+                            human(rb as u64),
+                            human(wb as u64),
+                        ]);
+                    }
+                }
+            }
+            *p = st;
+        }
+        if a.json {
+            println!("{}", serde_json::to_string(&out_json)?);
+            out_json.clear();
+        } else {
+            println!("{t}\n");
+        }
+    }
+    for o in opened {
+        o.close()?;
+    }
+    Ok(())
+}
+
+fn history(a: HistoryArgs) -> Result<()> {
+    let names = match &a.name {
+        Some(n) => vec![n.clone()],
+        None => pool_names(&[])?,
+    };
+    for name in names {
+        let opened = open_pool(&name)?;
+        let h = opened.pool.history()?;
+        opened.close()?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&h)?);
+        } else {
+            println!("History for '{name}':");
+            for r in h {
+                println!(
+                    "{} {} [txg {} on {}]",
+                    tank_pool::fmt_time(r.time),
+                    r.command,
+                    r.txg,
+                    r.host
+                );
+            }
+            println!();
+        }
+    }
+    Ok(())
+}

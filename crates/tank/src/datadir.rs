@@ -1,0 +1,144 @@
+//! The data directory and the pool cache file.
+//!
+//! # Theory of operation
+//! The data directory is `$TANK_DATA_DIR` when set, else `./tank-data`. It holds
+//! `pools.json`, the list of imported pools with their member device paths (zpool.cache's
+//! role: a command can open a pool by name without scanning), the default pool's device files,
+//! and the CLI's own state. The cache only locates devices; the pool's truth is on its devices.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+pub fn data_dir() -> PathBuf {
+    std::env::var_os("TANK_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("tank-data"))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CachedPool {
+    pub name: String,
+    pub guid: u64,
+    pub devices: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PoolCache {
+    pub pools: Vec<CachedPool>,
+}
+
+fn cache_path(dir: &Path) -> PathBuf {
+    dir.join("pools.json")
+}
+
+impl PoolCache {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = cache_path(dir);
+        match std::fs::read(&path) {
+            Ok(raw) => serde_json::from_slice(&raw)
+                .with_context(|| format!("{} is not a valid pool cache", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    /// Writes the cache atomically (temporary file, fsync, rename).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+        let path = cache_path(dir);
+        let tmp = dir.join("pools.json.tmp");
+        let raw = serde_json::to_vec_pretty(self)?;
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)
+                .with_context(|| format!("cannot write {}", tmp.display()))?;
+            f.write_all(&raw)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    pub fn find(&self, name: &str) -> Option<&CachedPool> {
+        self.pools
+            .iter()
+            .find(|p| p.name == name || p.guid.to_string() == name)
+    }
+
+    pub fn upsert(&mut self, entry: CachedPool) {
+        self.pools
+            .retain(|p| p.name != entry.name && p.guid != entry.guid);
+        self.pools.push(entry);
+        self.pools.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        self.pools.retain(|p| p.name != name);
+    }
+}
+
+/// Parses a size such as `512`, `64K`, `64M`, `1.5G`, `16GiB`, `2T` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let stripped = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (num, mult) = match stripped.chars().last() {
+        Some('k') => (&stripped[..stripped.len() - 1], 1u64 << 10),
+        Some('m') => (&stripped[..stripped.len() - 1], 1 << 20),
+        Some('g') => (&stripped[..stripped.len() - 1], 1 << 30),
+        Some('t') => (&stripped[..stripped.len() - 1], 1 << 40),
+        Some('p') => (&stripped[..stripped.len() - 1], 1 << 50),
+        _ => (stripped, 1),
+    };
+    let value: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("'{s}' is not a size (examples: 4096, 64M, 1.5G, 16GiB)"))?;
+    if !value.is_finite() || value < 0.0 {
+        anyhow::bail!("'{s}' is not a size");
+    }
+    Ok((value * mult as f64) as u64)
+}
+
+/// Formats bytes as zpool does: 1.50G, 512M, 4K.
+pub fn human(bytes: u64) -> String {
+    let units = ["", "K", "M", "G", "T", "P", "E"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes}")
+    } else if v < 10.0 {
+        format!("{v:.2}{}", units[i])
+    } else if v < 100.0 {
+        format!("{v:.1}{}", units[i])
+    } else {
+        format!("{v:.0}{}", units[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("16GiB").unwrap(), 16 << 30);
+        assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+        assert_eq!(human(1536 << 20), "1.50G");
+        assert_eq!(human(512), "512");
+    }
+}

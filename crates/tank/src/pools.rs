@@ -1,0 +1,162 @@
+//! Opening devices and pools for a command (no daemon: the pool is opened in this process for
+//! the command and closed cleanly after it).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use tank_device::{DeviceRef, FileDevice, FileDeviceOptions};
+use tank_object::ObjectStore;
+use tank_pool::{ImportOptions, Pool};
+use tank_vdev::MIN_DEVICE_SIZE;
+
+use crate::datadir::{data_dir, CachedPool, PoolCache};
+
+pub struct Opened {
+    pub pool: Arc<Pool>,
+    pub store: Arc<ObjectStore>,
+}
+
+impl Opened {
+    /// Syncs and closes the pool, leaving it imported.
+    pub fn close(self) -> Result<()> {
+        self.pool.shutdown()?;
+        Ok(())
+    }
+}
+
+/// Makes a device path absolute so the cache and labels name it unambiguously.
+pub fn absolute(path: &str) -> Result<String> {
+    let p = Path::new(path);
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(p)
+    };
+    Ok(abs.to_string_lossy().into_owned())
+}
+
+pub fn open_device(path: &str, create_size: Option<u64>, direct: bool) -> Result<DeviceRef> {
+    let opts = FileDeviceOptions {
+        direct,
+        create_size,
+        read_only: false,
+        exclusive_lock: true,
+    };
+    let dev = FileDevice::open(Path::new(path), &opts).with_context(|| {
+        if create_size.is_none() && !Path::new(path).exists() {
+            format!("cannot open '{path}': no such device or file (use --size to create files)")
+        } else {
+            format!("cannot open '{path}'")
+        }
+    })?;
+    Ok(Arc::new(dev))
+}
+
+fn direct_io() -> bool {
+    std::env::var("TANK_DIRECT_IO").is_ok_and(|v| v == "1")
+}
+
+pub fn cache_entry(pool: &Pool) -> CachedPool {
+    let cfg = pool.config();
+    CachedPool {
+        name: cfg.name.clone(),
+        guid: cfg.guid,
+        devices: cfg.leaves().map(|(_, l)| l.path.clone()).collect(),
+    }
+}
+
+/// Opens an imported pool by name through the cache file.
+pub fn open_pool(name: &str) -> Result<Opened> {
+    let dir = data_dir();
+    let cache = PoolCache::load(&dir)?;
+    let Some(entry) = cache.find(name) else {
+        bail!(
+            "cannot open '{name}': no such pool (imported pools: {}); see 'tank pool import'",
+            if cache.pools.is_empty() {
+                "none".to_string()
+            } else {
+                cache
+                    .pools
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+    };
+    let mut devs = Vec::new();
+    let mut problems = Vec::new();
+    for path in &entry.devices {
+        match open_device(path, None, direct_io()) {
+            Ok(d) => devs.push(d),
+            Err(e) => problems.push(format!("{e:#}")),
+        }
+    }
+    let pool = Pool::import(
+        &devs,
+        &ImportOptions {
+            name: Some(entry.guid.to_string()),
+            ..Default::default()
+        },
+    )
+    .with_context(|| {
+        if problems.is_empty() {
+            format!("cannot open pool '{name}'")
+        } else {
+            format!("cannot open pool '{name}' ({})", problems.join("; "))
+        }
+    })?;
+    for p in &problems {
+        eprintln!("warning: {p}");
+    }
+    let store = ObjectStore::open(pool.clone())?;
+    Ok(Opened { pool, store })
+}
+
+/// Every file in `dirs` large enough to be a member device, opened for import.
+pub fn scan_dirs(dirs: &[PathBuf], lock: bool) -> Result<Vec<DeviceRef>> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        let entries = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read directory {}", dir.display()))?;
+        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for path in paths {
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            use std::os::unix::fs::FileTypeExt;
+            let ft = meta.file_type();
+            if !(ft.is_file() && meta.len() >= MIN_DEVICE_SIZE || ft.is_block_device()) {
+                continue;
+            }
+            let opts = FileDeviceOptions {
+                direct: false,
+                create_size: None,
+                read_only: !lock,
+                exclusive_lock: lock,
+            };
+            if let Ok(d) = FileDevice::open(&path, &opts) {
+                out.push(Arc::new(d) as DeviceRef);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Opens the devices named in a create spec, creating sparse files when `size` is given.
+pub fn open_for_create(paths: &[String], size: Option<u64>) -> Result<HashMap<String, DeviceRef>> {
+    let mut map = HashMap::new();
+    for p in paths {
+        let abs = absolute(p)?;
+        if let Some(parent) = Path::new(&abs).parent() {
+            if size.is_some() {
+                std::fs::create_dir_all(parent).ok();
+            }
+        }
+        map.insert(p.clone(), open_device(&abs, size, direct_io())?);
+    }
+    Ok(map)
+}
