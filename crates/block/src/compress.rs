@@ -78,6 +78,14 @@ impl Compression {
         (out.len() < limit && !out.is_empty()).then_some(out)
     }
 
+    /// Decompresses `data` into exactly `lsize` bytes (uncompressed data is passed through).
+    pub fn decompress_owned(self, data: Vec<u8>, lsize: usize) -> Result<Vec<u8>, BlockError> {
+        match self {
+            Self::Off if data.len() == lsize => Ok(data),
+            _ => self.decompress(&data, lsize),
+        }
+    }
+
     /// Decompresses `data` into exactly `lsize` bytes.
     pub fn decompress(self, data: &[u8], lsize: usize) -> Result<Vec<u8>, BlockError> {
         let out = match self {

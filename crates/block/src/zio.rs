@@ -385,7 +385,7 @@ impl BlockStore {
     /// Reads a block and returns its logical bytes.
     pub fn read(&self, bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
         let physical = self.read_physical(bp)?;
-        bp.compression.decompress(&physical, bp.lsize as usize)
+        bp.compression.decompress_owned(physical, bp.lsize as usize)
     }
 
     /// Frees every copy of a block in `txg` (deferred, see `alloc.rs`). A gang block's

@@ -46,6 +46,10 @@ pub const FIRST_USER_KIND: u8 = 16;
 pub const INLINE_MAX: usize = 1024;
 pub const MIN_BLOCK_SIZE: u32 = 512;
 pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
+/// What one read worker returns: (block id, bytes) of the blocks it fetched.
+type FetchResult = Result<Vec<(u64, Vec<u8>)>, ObjectError>;
+/// Blocks one read call fetches at once.
+const READ_PARALLEL: usize = 8;
 /// Items removed per tree operation batch while truncating.
 const TRUNCATE_BATCH: usize = 4096;
 
@@ -482,29 +486,74 @@ impl ObjectSet {
         self.tree_insert(k, v)
     }
 
-    /// Reads up to `len` bytes at `offset`; short at the end of the object.
+    /// Reads up to `len` bytes at `offset`; short at the end of the object. The blocks of a
+    /// large read are fetched concurrently (up to `READ_PARALLEL` at once), so the devices
+    /// and both cores work while a single caller streams.
     pub fn read(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
         let info = self.stat(obj)?;
-        if offset >= info.size {
+        if offset >= info.size || len == 0 {
             return Ok(Vec::new());
         }
         let end = info.size.min(offset + len as u64);
         let bs = u64::from(info.block_size);
-        let mut out = vec![0u8; (end - offset) as usize];
-        let mut pos = offset;
-        while pos < end {
-            let blkid = pos / bs;
-            let in_block = pos % bs;
-            let n = (bs - in_block).min(end - pos);
-            if let Some(block) = self.read_block(obj, blkid)? {
-                let start = in_block as usize;
-                if start < block.len() {
-                    let avail = (block.len() - start).min(n as usize);
-                    let dst = (pos - offset) as usize;
-                    out[dst..dst + avail].copy_from_slice(&block[start..start + avail]);
-                }
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        let items = self.tree.lock().range(
+            &self.store(),
+            &key(obj, KIND_DATA, first),
+            &key(obj, KIND_DATA, last + 1),
+            (last - first + 1) as usize,
+        )?;
+        let mut blocks: Vec<(u64, Vec<u8>)> = Vec::with_capacity(items.len());
+        let mut on_disk: Vec<(u64, BlockPtr)> = Vec::new();
+        for (k, v) in items {
+            match &v {
+                Value::Block(r) if r.dirty_data().is_none() => match r.bp() {
+                    Some(bp) => on_disk.push((k.offset, bp)),
+                    None => blocks.push((k.offset, self.value_bytes(&v)?)),
+                },
+                _ => blocks.push((k.offset, self.value_bytes(&v)?)),
             }
-            pos += n;
+        }
+        if on_disk.len() < 2 {
+            for (blkid, bp) in on_disk {
+                blocks.push((blkid, self.blocks.read(&bp)?));
+            }
+        } else {
+            let workers = on_disk.len().min(READ_PARALLEL);
+            let results: Vec<FetchResult> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..workers)
+                    .map(|w| {
+                        let mine: Vec<(u64, BlockPtr)> =
+                            on_disk.iter().skip(w).step_by(workers).copied().collect();
+                        let blocks = &self.blocks;
+                        s.spawn(move || {
+                            mine.into_iter()
+                                .map(|(blkid, bp)| Ok((blkid, blocks.read(&bp)?)))
+                                .collect()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("read worker panicked"))
+                    .collect()
+            });
+            for r in results {
+                blocks.extend(r?);
+            }
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (blkid, block) in blocks {
+            let block_start = blkid * bs;
+            let from = offset.max(block_start);
+            let to = end.min(block_start + block.len() as u64);
+            if from < to {
+                let src = (from - block_start) as usize;
+                let dst = (from - offset) as usize;
+                let n = (to - from) as usize;
+                out[dst..dst + n].copy_from_slice(&block[src..src + n]);
+            }
         }
         Ok(out)
     }

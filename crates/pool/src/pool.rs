@@ -927,7 +927,10 @@ impl Pool {
     }
 
     /// Adds a line to the pool history (committed with the next txg).
+    /// Must not be called while the caller holds a transaction.
     pub fn log_history(&self, command: &str) {
+        // Entered like a transaction, so a quiesce sees the record or waits for it.
+        let _gate = self.txg.gate.read();
         let txg = self.open_txg();
         self.meta.lock().history_pending.push(HistoryRecord {
             time: now_secs(),
@@ -935,7 +938,8 @@ impl Pool {
             host: hostname(),
             command: command.to_string(),
         });
-        drop(self.txg.inner.lock());
+        // A history line is a change like any transaction: waiters must see it committed.
+        self.txg.inner.lock().tx_seq += 1;
         self.txg.cv.notify_all();
     }
 

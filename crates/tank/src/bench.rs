@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// Runs; figures are medians.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Open the pool's device files with O_DIRECT (bypass the page cache).
+    #[arg(long)]
+    direct: bool,
     #[arg(long)]
     json: bool,
 }
@@ -155,7 +158,7 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     let mut devices = std::collections::HashMap::new();
     for n in &names {
         let _ = std::fs::remove_file(n);
-        devices.insert(n.clone(), open_device(n, Some(per_dev), false)?);
+        devices.insert(n.clone(), open_device(n, Some(per_dev), a.direct)?);
     }
     let (pool, _) = Pool::create("benchpool", &spec, &devices, &CreateOptions::default())?;
     drop(devices);
@@ -188,7 +191,7 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     }
     let devs: Vec<DeviceRef> = names
         .iter()
-        .map(|n| open_device(n, None, false))
+        .map(|n| open_device(n, None, a.direct))
         .collect::<Result<_>>()?;
     let pool = Pool::import(&devs, &ImportOptions::default())?;
     drop(devs);
@@ -299,12 +302,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
         runs.push(one_run(&a, size, record as u32, &data)?);
     }
-    let med = |f: fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let med = |f: &dyn Fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+
     let (_, fraction) = layout_spec(&a.layout, &vec![String::new(); a.devices])?;
-    let raw_w = med(|r| r.raw_write);
-    let raw_r = med(|r| r.raw_read);
-    let pw = med(|r| r.pool_write);
-    let pr = med(|r| r.pool_read);
+    let write_ratio = med(&|r| r.pool_write / (r.raw_write * fraction));
+    let read_ratio = med(&|r| r.pool_read / r.raw_read);
+    let raw_w = med(&|r| r.raw_write);
+    let raw_r = med(&|r| r.raw_read);
+    let pw = med(&|r| r.pool_write);
+    let pr = med(&|r| r.pool_read);
     let ideal_w = raw_w * fraction;
     let micro = microbench();
     let result = serde_json::json!({
@@ -312,8 +318,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "raw_write_mb_s": raw_w / 1e6, "raw_cold_read_mb_s": raw_r / 1e6,
         "pool_write_mb_s": pw / 1e6, "pool_cold_read_mb_s": pr / 1e6,
         "ideal_write_mb_s": ideal_w / 1e6,
-        "write_ratio_to_ideal": pw / ideal_w, "read_ratio_to_raw": pr / raw_r,
-        "cpu_s_per_gib_write": med(|r| r.cpu_write_per_gib), "cpu_s_per_gib_read": med(|r| r.cpu_read_per_gib),
+        "write_ratio_to_ideal": write_ratio, "read_ratio_to_raw": read_ratio, "direct": a.direct,
+        "cpu_s_per_gib_write": med(&|r| r.cpu_write_per_gib), "cpu_s_per_gib_read": med(&|r| r.cpu_read_per_gib),
         "per_core_gb_s": micro.iter().map(|(k, v)| serde_json::json!({"what": k, "gb_s": v})).collect::<Vec<_>>(),
     });
     if a.json {
@@ -344,8 +350,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     println!(
         "  CPU per GiB            write {:.2} s, read {:.2} s",
-        med(|r| r.cpu_write_per_gib),
-        med(|r| r.cpu_read_per_gib)
+        med(&|r| r.cpu_write_per_gib),
+        med(&|r| r.cpu_read_per_gib)
     );
     for (k, v) in micro {
         println!("  {k:<40} {v:>6.1} GB/s per core");

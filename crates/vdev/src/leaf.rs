@@ -168,7 +168,7 @@ impl IoBatch {
 enum Request {
     Write {
         offset: u64,
-        data: Arc<[u8]>,
+        data: Arc<Vec<u8>>,
         batch: Arc<IoBatch>,
     },
     Read {
@@ -292,7 +292,7 @@ impl Leaf {
 
     /// Queues a write of `data` at data-area offset `offset`. A leaf that cannot take I/O
     /// reports an error into the batch at once.
-    pub fn write(self: &Arc<Self>, offset: u64, data: Arc<[u8]>, batch: &Arc<IoBatch>) {
+    pub fn write(self: &Arc<Self>, offset: u64, data: Arc<Vec<u8>>, batch: &Arc<IoBatch>) {
         batch.start();
         match self.queue() {
             Some(q) => {
@@ -384,8 +384,43 @@ impl Leaf {
     }
 }
 
+/// Reads a leaf may have in flight at once (its queue depth for reads).
+const READ_QUEUE_DEPTH: usize = 8;
+
+type ReadReq = (u64, usize, Sender<Result<Vec<u8>, DeviceError>>);
+
+fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
+    let mut buf = vec![0u8; len];
+    let r = dev.read_at(&mut buf, offset);
+    leaf.stats.read_ops.fetch_add(1, Ordering::Relaxed);
+    let r = match r {
+        Ok(()) => {
+            leaf.stats
+                .read_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+            Ok(buf)
+        }
+        Err(e) => {
+            leaf.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+            Err(e)
+        }
+    };
+    let _ = reply.send(r);
+}
+
+/// Executes a leaf's queue in order. Consecutive reads already queued run concurrently (up to
+/// `READ_QUEUE_DEPTH`), so a device sees several reads in flight; a write or flush is never
+/// overtaken by a later request, nor run before an earlier one finished.
 fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
-    while let Ok(req) = rx.recv() {
+    let mut held: Option<Request> = None;
+    loop {
+        let req = match held.take() {
+            Some(r) => r,
+            None => match rx.recv() {
+                Ok(r) => r,
+                Err(_) => return,
+            },
+        };
         let Some(leaf) = leaf.upgrade() else { return };
         match req {
             Request::Write {
@@ -417,22 +452,29 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                 batch.finish(&leaf, r);
             }
             Request::Read { offset, len, reply } => {
-                let mut buf = vec![0u8; len];
-                let r = dev.read_at(&mut buf, offset);
-                leaf.stats.read_ops.fetch_add(1, Ordering::Relaxed);
-                let r = match r {
-                    Ok(()) => {
-                        leaf.stats
-                            .read_bytes
-                            .fetch_add(len as u64, Ordering::Relaxed);
-                        Ok(buf)
+                let mut reads: Vec<ReadReq> = vec![(offset, len, reply)];
+                while reads.len() < READ_QUEUE_DEPTH {
+                    match rx.try_recv() {
+                        Ok(Request::Read { offset, len, reply }) => {
+                            reads.push((offset, len, reply))
+                        }
+                        Ok(other) => {
+                            held = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
                     }
-                    Err(e) => {
-                        leaf.stats.read_errors.fetch_add(1, Ordering::Relaxed);
-                        Err(e)
-                    }
-                };
-                let _ = reply.send(r);
+                }
+                if reads.len() == 1 {
+                    do_read(&dev, &leaf, reads.pop().expect("one read"));
+                } else {
+                    let (dev, leaf) = (&dev, &leaf);
+                    thread::scope(|s| {
+                        for r in reads {
+                            s.spawn(move || do_read(dev, leaf, r));
+                        }
+                    });
+                }
             }
         }
     }

@@ -183,7 +183,7 @@ impl TopVdev {
         self.check_range(offset, self.asize(data.len() as u64))?;
         match &self.layout {
             Layout::Disk | Layout::Mirror => {
-                let shared: Arc<[u8]> = Arc::from(data);
+                let shared = Arc::new(data.to_vec());
                 for leaf in &self.leaves {
                     leaf.write(offset, shared.clone(), batch);
                 }
@@ -192,7 +192,7 @@ impl TopVdev {
                 let map = g.map(offset, data.len() as u64);
                 let cols = encode_map(&self.codec, &map, data);
                 for (col, buf) in map.cols.iter().zip(cols) {
-                    self.leaves[col.child].write(col.offset, Arc::from(buf), batch);
+                    self.leaves[col.child].write(col.offset, Arc::new(buf), batch);
                 }
             }
         }
@@ -251,7 +251,7 @@ impl TopVdev {
         let mut report = ReadReport::default();
         if !bad.is_empty() {
             let batch = IoBatch::new();
-            let shared: Arc<[u8]> = Arc::from(&buf[..]);
+            let shared = Arc::new(buf.clone());
             for leaf in &bad {
                 leaf.write(offset, shared.clone(), &batch);
             }
@@ -340,7 +340,7 @@ impl TopVdev {
                     leaf.count_cksum_error();
                 }
                 if leaf.is_usable() {
-                    leaf.write(col.offset, Arc::from(&good_cols[i][..]), &batch);
+                    leaf.write(col.offset, Arc::new(good_cols[i].clone()), &batch);
                     rewritten.push((leaf.clone(), col.size));
                 }
             }
