@@ -51,6 +51,12 @@ impl WriteProps {
     }
 }
 
+/// A block read in flight (see [`BlockStore::submit`]).
+pub struct PendingBlock {
+    bp: BlockPtr,
+    pending: Option<(Arc<TopVdev>, tank_vdev::PendingRead)>,
+}
+
 /// Counters of what reads had to do.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ReadStats {
@@ -380,6 +386,41 @@ impl BlockStore {
             }
         }
         Ok(buf)
+    }
+
+    /// Starts reading a block without waiting (the first copy's fast path), so a caller can
+    /// keep many blocks in flight; [`BlockStore::complete`] finishes it.
+    pub fn submit(&self, bp: &BlockPtr) -> PendingBlock {
+        let pending = if bp.gang {
+            None
+        } else {
+            bp.dvas().next().and_then(|d| {
+                let vdev = self.vdev(d.vdev).ok()?;
+                let len = vdev.round(u64::from(bp.psize));
+                let p = vdev.submit_read(d.offset, len)?;
+                Some((vdev, p))
+            })
+        };
+        PendingBlock { bp: *bp, pending }
+    }
+
+    /// Finishes a submitted read: verified and decompressed, or through the full read path
+    /// (other copies, reconstruction, healing) when the fast path did not verify.
+    pub fn complete(&self, p: PendingBlock) -> Result<Vec<u8>, BlockError> {
+        let bp = p.bp;
+        if let Some((vdev, pending)) = p.pending {
+            let psize = bp.psize as usize;
+            let verify = |buf: &[u8]| {
+                buf.len() >= psize
+                    && buf[psize..].iter().all(|&b| b == 0)
+                    && bp.checksum_kind.compute(&buf[..psize]) == bp.checksum
+            };
+            if let Some(mut buf) = vdev.finish_read(pending, &verify) {
+                buf.truncate(psize);
+                return bp.compression.decompress_owned(buf, bp.lsize as usize);
+            }
+        }
+        self.read(&bp)
     }
 
     /// Reads a block and returns its logical bytes.

@@ -46,10 +46,11 @@ pub const FIRST_USER_KIND: u8 = 16;
 pub const INLINE_MAX: usize = 1024;
 pub const MIN_BLOCK_SIZE: u32 = 512;
 pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
-/// What one read worker returns: (block id, bytes) of the blocks it fetched.
-type FetchResult = Result<Vec<(u64, Vec<u8>)>, ObjectError>;
-/// Blocks one read call fetches at once.
-const READ_PARALLEL: usize = 8;
+/// Tree nodes an object set keeps in memory before it evicts the clean ones (16 KiB each at
+/// most, so about 256 MiB); metadata of files far larger than RAM stays bounded.
+const NODE_CACHE_MAX: usize = 16384;
+/// Blocks one read call keeps in flight.
+const READ_PARALLEL: usize = 32;
 /// Items removed per tree operation batch while truncating.
 const TRUNCATE_BATCH: usize = 4096;
 
@@ -209,6 +210,7 @@ struct Frozen {
     snapshot: TreeSnapshot,
     obsolete: Vec<Arc<NodeRef>>,
     frees: Vec<Arc<BlockRef>>,
+    created: Vec<Arc<BlockRef>>,
 }
 
 /// One object set. See the module documentation.
@@ -218,6 +220,10 @@ pub struct ObjectSet {
     tree: Mutex<CowTree>,
     /// Data blocks replaced or removed in the open txg.
     open_frees: Mutex<Vec<Arc<BlockRef>>>,
+    /// Data blocks created in the open txg (their bytes are released after their sync).
+    open_created: Mutex<Vec<Arc<BlockRef>>>,
+    /// Blocks written by the last sync, released once its writes completed.
+    written: Mutex<Vec<Arc<BlockRef>>>,
     frozen: Mutex<Option<Frozen>>,
     root: Mutex<Option<BlockPtr>>,
     policy: Mutex<WritePolicy>,
@@ -239,6 +245,8 @@ impl ObjectSet {
             blocks,
             tree: Mutex::new(CowTree::open(root)),
             open_frees: Mutex::new(Vec::new()),
+            open_created: Mutex::new(Vec::new()),
+            written: Mutex::new(Vec::new()),
             frozen: Mutex::new(None),
             root: Mutex::new(root),
             policy: Mutex::new(WritePolicy::default()),
@@ -481,14 +489,16 @@ impl ObjectSet {
         let v = if data.len() <= INLINE_MAX {
             Self::inline(&data)
         } else {
-            Value::Block(BlockRef::new_dirty(Arc::new(data), self.policy().tag()))
+            let r = BlockRef::new_dirty(Arc::new(data), self.policy().tag());
+            self.open_created.lock().push(r.clone());
+            Value::Block(r)
         };
         self.tree_insert(k, v)
     }
 
     /// Reads up to `len` bytes at `offset`; short at the end of the object. The blocks of a
-    /// large read are fetched concurrently (up to `READ_PARALLEL` at once), so the devices
-    /// and both cores work while a single caller streams.
+    /// large read are kept in flight together (up to `READ_PARALLEL`), so every device works
+    /// while a single caller streams.
     pub fn read(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
         let info = self.stat(obj)?;
         if offset >= info.size || len == 0 {
@@ -515,33 +525,20 @@ impl ObjectSet {
                 _ => blocks.push((k.offset, self.value_bytes(&v)?)),
             }
         }
-        if on_disk.len() < 2 {
-            for (blkid, bp) in on_disk {
-                blocks.push((blkid, self.blocks.read(&bp)?));
+        // Keep up to READ_PARALLEL blocks in flight; verify and copy them in order.
+        let mut queue = std::collections::VecDeque::new();
+        let mut next = on_disk.into_iter();
+        loop {
+            while queue.len() < READ_PARALLEL {
+                match next.next() {
+                    Some((blkid, bp)) => queue.push_back((blkid, self.blocks.submit(&bp))),
+                    None => break,
+                }
             }
-        } else {
-            let workers = on_disk.len().min(READ_PARALLEL);
-            let results: Vec<FetchResult> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..workers)
-                    .map(|w| {
-                        let mine: Vec<(u64, BlockPtr)> =
-                            on_disk.iter().skip(w).step_by(workers).copied().collect();
-                        let blocks = &self.blocks;
-                        s.spawn(move || {
-                            mine.into_iter()
-                                .map(|(blkid, bp)| Ok((blkid, blocks.read(&bp)?)))
-                                .collect()
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("read worker panicked"))
-                    .collect()
-            });
-            for r in results {
-                blocks.extend(r?);
-            }
+            let Some((blkid, pending)) = queue.pop_front() else {
+                break;
+            };
+            blocks.push((blkid, self.blocks.complete(pending)?));
         }
         let mut out = vec![0u8; (end - offset) as usize];
         for (blkid, block) in blocks {
@@ -667,11 +664,13 @@ impl ObjectSet {
         }
         let (snapshot, obsolete) = self.tree.lock().snapshot();
         let frees = std::mem::take(&mut *self.open_frees.lock());
+        let created = std::mem::take(&mut *self.open_created.lock());
         *self.frozen.lock() = Some(Frozen {
             txg,
             snapshot,
             obsolete,
             frees,
+            created,
         });
     }
 
@@ -704,8 +703,21 @@ impl ObjectSet {
                 blocks.free(&bp, txg)?;
             }
         }
+        *self.written.lock() = frozen.created;
         *self.root.lock() = root;
         Ok(root)
+    }
+
+    /// Called once the writes of the last sync completed: data blocks can now be read from
+    /// the devices, so their bytes leave memory; clean tree nodes beyond the cache bound too.
+    pub(crate) fn writes_completed(&self) {
+        for r in std::mem::take(&mut *self.written.lock()) {
+            r.release_data();
+        }
+        let tree = self.tree.lock();
+        if tree.cached_nodes() > NODE_CACHE_MAX {
+            tree.evict_clean();
+        }
     }
 
     /// Drops cached clean tree nodes (memory bound).

@@ -111,9 +111,15 @@ impl Syncer for ObjectStore {
             .store(false, std::sync::atomic::Ordering::Release);
         let objsets: Vec<Arc<ObjectSet>> = self.objsets.read().values().cloned().collect();
         let mut table = Vec::with_capacity(objsets.len());
-        for os in objsets {
+        for os in &objsets {
             let root = os.sync(ctx.blocks, ctx.txg, ctx.batch)?;
             table.push((os.id, root));
+        }
+        // Wait for the writes (the pool checks the failures), then let go of the bytes.
+        let _ = ctx.batch.wait();
+        ctx.blocks.check_writable()?;
+        for os in &objsets {
+            os.writes_completed();
         }
         Ok(table)
     }

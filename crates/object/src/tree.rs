@@ -251,8 +251,8 @@ impl BlockRef {
         self.bp.get().copied()
     }
 
-    /// In-memory bytes if not yet written. Check this FIRST, then `bp`: the sync sets `bp`
-    /// before it drops the bytes, so one of the two is always there.
+    /// In-memory bytes if not yet written, or written but not yet released (see
+    /// [`BlockRef::release_data`]). Check this FIRST, then `bp`: one of the two is always there.
     pub fn dirty_data(&self) -> Option<Arc<Vec<u8>>> {
         self.data.lock().clone()
     }
@@ -265,7 +265,7 @@ impl BlockRef {
     fn write_if_dirty(&self, store: &dyn NodeStore) -> Result<BlockPtr, TreeError> {
         // Held across the write, so two syncs can never both write it and a reader of
         // `dirty_data` waits for the `bp` rather than seeing neither.
-        let mut data = self.data.lock();
+        let data = self.data.lock();
         if let Some(bp) = self.bp.get() {
             return Ok(*bp);
         }
@@ -274,8 +274,17 @@ impl BlockRef {
             .ok_or_else(|| TreeError::Corrupt("data block neither written nor in memory".into()))?;
         let bp = store.write_block(bytes, WriteKind::Data { tag: self.tag })?;
         assert!(self.bp.set(bp).is_ok(), "data block bp set twice");
-        *data = None;
+        // The bytes stay in memory until the write is known to be on the devices: a reader
+        // must not go to a device before the queued write has reached it.
         Ok(bp)
+    }
+
+    /// Drops the in-memory bytes of a written block, once its write has completed.
+    pub fn release_data(&self) {
+        let mut data = self.data.lock();
+        if self.bp.get().is_some() {
+            *data = None;
+        }
     }
 }
 

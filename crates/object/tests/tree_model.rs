@@ -949,7 +949,7 @@ fn syncs_run_in_generation_order() {
 }
 
 #[test]
-fn block_values_are_written_once_and_dropped_from_memory() {
+fn block_values_are_written_once_and_released_after_the_write() {
     let store = MemStore::default();
     let mut tree = CowTree::new_empty();
     let block = BlockRef::new_dirty(Arc::new(vec![9u8; 4096]), 42);
@@ -958,8 +958,11 @@ fn block_values_are_written_once_and_dropped_from_memory() {
     assert!(block.dirty_data().is_some() && block.bp().is_none());
     let (snapshot, obsolete) = tree.snapshot();
     let root = snapshot.sync(&store, obsolete).expect("sync");
-    assert!(block.dirty_data().is_none());
+    // Written, but the bytes stay until the owner knows the write reached the device.
+    assert!(block.dirty_data().is_some());
     let bp = block.bp().expect("written");
+    block.release_data();
+    assert!(block.dirty_data().is_none());
     assert_eq!(bp.kind, BlockKind::Data);
     assert_eq!(block.tag(), 42);
     // The leaf now records the data block's pointer.

@@ -1030,10 +1030,8 @@ impl Pool {
             })?,
             None => self.meta.lock().objsets.clone(),
         };
-        let failed = batch.wait();
-        if !failed.is_empty() {
-            self.blocks.check_writable()?;
-        }
+        let _ = batch.wait();
+        self.blocks.check_writable()?;
         self.commit_txg(txg, objsets)?;
         let mut inner = self.txg.inner.lock();
         inner.synced = txg;
@@ -1122,10 +1120,8 @@ impl Pool {
             1,
             &batch,
         )?;
-        let failed = batch.wait();
-        if !failed.is_empty() {
-            blocks.check_writable()?;
-        }
+        let _ = batch.wait();
+        blocks.check_writable()?;
         // Flush the blocks, then the uberblocks, then flush again.
         let batch = IoBatch::new();
         blocks.flush_all(&batch);

@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// Runs; figures are medians.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Also measure zfs-fuse on the same layout (needs zpool/zfs and a running zfs-fuse).
+    #[arg(long)]
+    zfs_fuse: bool,
     /// Open the pool's device files with O_DIRECT (bypass the page cache).
     #[arg(long)]
     direct: bool,
@@ -90,6 +93,82 @@ struct Run {
     pool_read: f64,
     cpu_write_per_gib: f64,
     cpu_read_per_gib: f64,
+    /// zfs-fuse write and cold read on the same layout, when asked for.
+    zfs: Option<(f64, f64)>,
+}
+
+fn run_cmd(cmd: &str, args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {cmd}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The same layout under zfs-fuse (compression off, its largest record size 128K): a file
+/// written through its FUSE mount and fsynced, then read back after export, dropping the
+/// device files' cached pages, and import. Needs a running zfs-fuse daemon.
+fn zfs_fuse_run(a: &BenchArgs, size: u64, data: &[u8], per_dev: u64) -> Result<(f64, f64)> {
+    let names: Vec<String> = (0..a.devices)
+        .map(|i| {
+            a.dir
+                .join(format!("zfs-dev{i}"))
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let (tokens, _) = layout_spec(&a.layout, &names)?;
+    for n in &names {
+        let f = std::fs::File::create(n)?;
+        f.set_len(per_dev)?;
+    }
+    let mnt = a.dir.join("zfs-mnt");
+    let mnt_s = mnt.to_string_lossy().into_owned();
+    let mut args = vec!["create", "-f", "-m", &mnt_s, "tankbenchzf"];
+    args.extend(tokens.iter().map(String::as_str));
+    run_cmd("zpool", &args)?;
+    let result = (|| {
+        run_cmd("zfs", &["set", "compression=off", "tankbenchzf"])?;
+        let file = mnt.join("data");
+        let t = Instant::now();
+        {
+            let mut f = std::fs::File::create(&file)?;
+            let mut left = size;
+            while left > 0 {
+                let n = (data.len() as u64).min(left) as usize;
+                f.write_all(&data[..n])?;
+                left -= n as u64;
+            }
+            f.sync_all()?;
+        }
+        let w = size as f64 / t.elapsed().as_secs_f64();
+        run_cmd("zpool", &["export", "tankbenchzf"])?;
+        for n in &names {
+            drop_cache(Path::new(n))?;
+        }
+        let dir_s = a.dir.to_string_lossy().into_owned();
+        run_cmd("zpool", &["import", "-d", &dir_s, "tankbenchzf"])?;
+        let t = Instant::now();
+        {
+            let mut f = std::fs::File::open(&file)?;
+            let mut buf = vec![0u8; 1 << 20];
+            while f.read(&mut buf)? > 0 {}
+        }
+        let r = size as f64 / t.elapsed().as_secs_f64();
+        Ok((w, r))
+    })();
+    let _ = run_cmd("zpool", &["destroy", "-f", "tankbenchzf"]);
+    for n in &names {
+        let _ = std::fs::remove_file(n);
+    }
+    result
 }
 
 fn layout_spec(layout: &str, names: &[String]) -> Result<(Vec<String>, f64)> {
@@ -201,7 +280,7 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     let t = Instant::now();
     let mut off = 0u64;
     while off < size {
-        let got = os.read(id, off, 8 << 20)?;
+        let got = os.read(id, off, 64 << 20)?;
         if got.is_empty() {
             bail!("object shorter than written");
         }
@@ -221,6 +300,11 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     for n in &names {
         std::fs::remove_file(n).ok();
     }
+    let zfs = if a.zfs_fuse {
+        Some(zfs_fuse_run(a, size, data, per_dev)?)
+    } else {
+        None
+    };
     let gib = size as f64 / (1u64 << 30) as f64;
     Ok(Run {
         raw_write,
@@ -229,6 +313,7 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
         pool_read,
         cpu_write_per_gib: cpu_write / gib,
         cpu_read_per_gib: cpu_read / gib,
+        zfs,
     })
 }
 
@@ -318,6 +403,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "raw_write_mb_s": raw_w / 1e6, "raw_cold_read_mb_s": raw_r / 1e6,
         "pool_write_mb_s": pw / 1e6, "pool_cold_read_mb_s": pr / 1e6,
         "ideal_write_mb_s": ideal_w / 1e6,
+        "zfs_fuse_write_mb_s": if a.zfs_fuse { Some(med(&|r| r.zfs.map(|z| z.0).unwrap_or(0.0)) / 1e6) } else { None },
+        "zfs_fuse_cold_read_mb_s": if a.zfs_fuse { Some(med(&|r| r.zfs.map(|z| z.1).unwrap_or(0.0)) / 1e6) } else { None },
         "write_ratio_to_ideal": write_ratio, "read_ratio_to_raw": read_ratio, "direct": a.direct,
         "cpu_s_per_gib_write": med(&|r| r.cpu_write_per_gib), "cpu_s_per_gib_read": med(&|r| r.cpu_read_per_gib),
         "per_core_gb_s": micro.iter().map(|(k, v)| serde_json::json!({"what": k, "gb_s": v})).collect::<Vec<_>>(),
@@ -353,6 +440,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         med(&|r| r.cpu_write_per_gib),
         med(&|r| r.cpu_read_per_gib)
     );
+    if a.zfs_fuse {
+        let zw = med(&|r| r.zfs.map(|z| z.0).unwrap_or(0.0));
+        let zr = med(&|r| r.zfs.map(|z| z.1).unwrap_or(0.0));
+        println!(
+            "  zfs-fuse write+fsync   {:>8.0} MB/s   (tank / zfs-fuse: {:.2})",
+            zw / 1e6,
+            med(&|r| r.pool_write / r.zfs.map(|z| z.0).unwrap_or(f64::NAN))
+        );
+        println!(
+            "  zfs-fuse cold read     {:>8.0} MB/s   (tank / zfs-fuse: {:.2})",
+            zr / 1e6,
+            med(&|r| r.pool_read / r.zfs.map(|z| z.1).unwrap_or(f64::NAN))
+        );
+    }
     for (k, v) in micro {
         println!("  {k:<40} {v:>6.1} GB/s per core");
     }

@@ -1,9 +1,10 @@
 //! Leaf vdevs: one device each, with its own I/O queue, health state and error counters.
 //!
 //! # Theory of operation
-//! A leaf owns a device (or none, when the device is missing) and one worker thread that
-//! executes its queue in order, so the children of a mirror or RAID-Z vdev are read and written
-//! concurrently while each device sees one stream (the per-device queues of DESIGN.md §5).
+//! A leaf owns a device (or none, when the device is missing), one writer thread that
+//! executes its write queue in order, and a few reader threads (its read queue depth), so the
+//! children of a mirror or RAID-Z vdev are read and written concurrently (the per-device
+//! queues of DESIGN.md §5).
 //! Offsets given to a leaf are relative to its data area, which starts after the front labels
 //! and reserve (`FRONT_RESERVE`) and ends before the back labels.
 //!
@@ -171,11 +172,6 @@ enum Request {
         data: Arc<Vec<u8>>,
         batch: Arc<IoBatch>,
     },
-    Read {
-        offset: u64,
-        len: usize,
-        reply: Sender<Result<Vec<u8>, DeviceError>>,
-    },
     Flush {
         batch: Arc<IoBatch>,
     },
@@ -187,7 +183,8 @@ struct LeafInner {
     /// Why the leaf is not ONLINE, for `status`.
     reason: Option<String>,
     queue: Option<Sender<Request>>,
-    worker: Option<thread::JoinHandle<()>>,
+    reads: Option<Sender<ReadReq>>,
+    workers: Vec<thread::JoinHandle<()>>,
 }
 
 /// A leaf vdev. See the module documentation.
@@ -221,7 +218,8 @@ impl Leaf {
                 state: VdevState::Unavail,
                 reason: Some("cannot open".into()),
                 queue: None,
-                worker: None,
+                reads: None,
+                workers: Vec::new(),
             }),
             stats: LeafStats::default(),
             asize,
@@ -237,14 +235,30 @@ impl Leaf {
         let (tx, rx) = crossbeam_channel::unbounded();
         let worker_dev = dev.clone();
         let weak = Arc::downgrade(self);
-        let handle = thread::Builder::new()
-            .name(format!("vdev-{:x}", self.guid & 0xffff))
+        let mut workers = vec![thread::Builder::new()
+            .name(format!("vdev-{:x}-w", self.guid & 0xffff))
             .spawn(move || worker(worker_dev, rx, weak))
-            .expect("spawn vdev worker");
+            .expect("spawn vdev worker")];
+        let (rtx, rrx) = crossbeam_channel::unbounded::<ReadReq>();
+        for i in 0..READ_QUEUE_DEPTH {
+            let (dev, rrx, weak) = (dev.clone(), rrx.clone(), Arc::downgrade(self));
+            workers.push(
+                thread::Builder::new()
+                    .name(format!("vdev-{:x}-r{i}", self.guid & 0xffff))
+                    .spawn(move || {
+                        while let Ok(req) = rrx.recv() {
+                            let Some(leaf) = weak.upgrade() else { return };
+                            do_read(&dev, &leaf, req);
+                        }
+                    })
+                    .expect("spawn vdev reader"),
+            );
+        }
         let mut inner = self.inner.lock();
         inner.dev = Some(dev);
         inner.queue = Some(tx);
-        inner.worker = Some(handle);
+        inner.reads = Some(rtx);
+        inner.workers = workers;
         inner.state = VdevState::Online;
         inner.reason = None;
     }
@@ -285,6 +299,15 @@ impl Leaf {
         let inner = self.inner.lock();
         if inner.state.usable() {
             inner.queue.clone()
+        } else {
+            None
+        }
+    }
+
+    fn read_queue(&self) -> Option<Sender<ReadReq>> {
+        let inner = self.inner.lock();
+        if inner.state.usable() {
+            inner.reads.clone()
         } else {
             None
         }
@@ -332,14 +355,9 @@ impl Leaf {
         len: usize,
     ) -> Receiver<Result<Vec<u8>, DeviceError>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        match self.queue() {
+        match self.read_queue() {
             Some(q) => {
-                let req = Request::Read {
-                    offset: offset + FRONT_RESERVE,
-                    len,
-                    reply: tx.clone(),
-                };
-                if q.send(req).is_err() {
+                if q.send((offset + FRONT_RESERVE, len, tx.clone())).is_err() {
                     let _ = tx.send(Err(self.unavailable()));
                 }
             }
@@ -370,13 +388,14 @@ impl Leaf {
     /// Stops the worker and releases the device (and its lock) before returning; the leaf
     /// keeps its identity and counters.
     pub fn close(&self) {
-        let handle = {
+        let handles = {
             let mut inner = self.inner.lock();
             inner.queue = None;
+            inner.reads = None;
             inner.dev = None;
-            inner.worker.take()
+            std::mem::take(&mut inner.workers)
         };
-        if let Some(h) = handle {
+        for h in handles {
             if h.thread().id() != thread::current().id() {
                 let _ = h.join();
             }
@@ -384,8 +403,8 @@ impl Leaf {
     }
 }
 
-/// Reads a leaf may have in flight at once (its queue depth for reads).
-const READ_QUEUE_DEPTH: usize = 8;
+/// Reader threads per leaf: the reads a device has in flight at once.
+const READ_QUEUE_DEPTH: usize = 4;
 
 type ReadReq = (u64, usize, Sender<Result<Vec<u8>, DeviceError>>);
 
@@ -408,19 +427,13 @@ fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
     let _ = reply.send(r);
 }
 
-/// Executes a leaf's queue in order. Consecutive reads already queued run concurrently (up to
-/// `READ_QUEUE_DEPTH`), so a device sees several reads in flight; a write or flush is never
-/// overtaken by a later request, nor run before an earlier one finished.
+/// Executes a leaf's write queue in order: a write or flush is never overtaken by a later one,
+/// nor run before an earlier one finished. Reads have their own queue and `READ_QUEUE_DEPTH`
+/// threads, so a device sees several reads in flight; a read never targets a block whose
+/// write is still queued (the object layer keeps new blocks in memory until their writes
+/// completed, see `ObjectSet::writes_completed`).
 fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
-    let mut held: Option<Request> = None;
-    loop {
-        let req = match held.take() {
-            Some(r) => r,
-            None => match rx.recv() {
-                Ok(r) => r,
-                Err(_) => return,
-            },
-        };
+    while let Ok(req) = rx.recv() {
         let Some(leaf) = leaf.upgrade() else { return };
         match req {
             Request::Write {
@@ -450,31 +463,6 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                     leaf.fault(format!("flush failed: {e}"));
                 }
                 batch.finish(&leaf, r);
-            }
-            Request::Read { offset, len, reply } => {
-                let mut reads: Vec<ReadReq> = vec![(offset, len, reply)];
-                while reads.len() < READ_QUEUE_DEPTH {
-                    match rx.try_recv() {
-                        Ok(Request::Read { offset, len, reply }) => {
-                            reads.push((offset, len, reply))
-                        }
-                        Ok(other) => {
-                            held = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                if reads.len() == 1 {
-                    do_read(&dev, &leaf, reads.pop().expect("one read"));
-                } else {
-                    let (dev, leaf) = (&dev, &leaf);
-                    thread::scope(|s| {
-                        for r in reads {
-                            s.spawn(move || do_read(dev, leaf, r));
-                        }
-                    });
-                }
             }
         }
     }

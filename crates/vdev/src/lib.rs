@@ -19,4 +19,4 @@ pub use leaf::{
     BACK_RESERVE, FRONT_RESERVE, LABEL_SIZE, MIN_DEVICE_SIZE,
 };
 pub use raidz::{RaidzError, RaidzGeometry};
-pub use tree::{Layout, ReadReport, TopVdev, VdevError};
+pub use tree::{Layout, PendingRead, ReadReport, TopVdev, VdevError};

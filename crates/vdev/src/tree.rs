@@ -50,6 +50,12 @@ pub enum VdevError {
     },
 }
 
+/// A read in flight (see [`TopVdev::submit_read`]).
+pub struct PendingRead {
+    parts: Vec<crossbeam_channel::Receiver<Result<Vec<u8>, tank_device::DeviceError>>>,
+    len: u64,
+}
+
 /// What a read found, for the scrub and the tests.
 #[derive(Debug, Default, Clone)]
 pub struct ReadReport {
@@ -353,6 +359,54 @@ impl TopVdev {
             }
         }
         Ok((rec.data, report))
+    }
+
+    /// Starts the fast path of a read (RAID-Z: the data columns; mirror: one side) without
+    /// waiting; [`TopVdev::finish_read`] completes it. Lets a caller keep many blocks in flight.
+    pub fn submit_read(&self, offset: u64, len: u64) -> Option<PendingRead> {
+        self.check_range(offset, self.asize(len)).ok()?;
+        match &self.layout {
+            Layout::Disk | Layout::Mirror => {
+                let n = self.leaves.len();
+                let start = ((offset >> 20) as usize) % n;
+                let leaf = (0..n)
+                    .map(|i| &self.leaves[(start + i) % n])
+                    .find(|l| l.is_usable())?;
+                Some(PendingRead {
+                    parts: vec![leaf.read_async(offset, len as usize)],
+                    len,
+                })
+            }
+            Layout::Raidz(g) => {
+                let map = g.map(offset, len);
+                Some(PendingRead {
+                    parts: map
+                        .data_cols()
+                        .iter()
+                        .map(|c| self.leaves[c.child].read_async(c.offset, c.size as usize))
+                        .collect(),
+                    len,
+                })
+            }
+        }
+    }
+
+    /// The data of a submitted read if it arrived whole and verifies; `None` sends the caller
+    /// to [`TopVdev::read`], which heals.
+    pub fn finish_read(
+        &self,
+        pending: PendingRead,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Option<Vec<u8>> {
+        let mut parts = pending.parts.into_iter();
+        let mut data = parts.next()?.recv().ok()?.ok()?;
+        if data.len() as u64 != pending.len {
+            data.reserve(pending.len as usize - data.len());
+        }
+        for rx in parts {
+            data.extend_from_slice(&rx.recv().ok()?.ok()?);
+        }
+        (data.len() as u64 == pending.len && verify(&data)).then_some(data)
     }
 
     /// Queues a flush of every usable leaf.
