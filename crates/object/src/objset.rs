@@ -22,13 +22,14 @@
 //! The live tree is behind a mutex; block reads happen outside it. One object set may be
 //! written by many threads, each change under its own transaction.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tank_block::{
-    AllocClass, BlockKind, BlockPtr, BlockStore, ChecksumKind, Compression, WriteProps,
+    AllocClass, BlockKind, BlockPtr, BlockStore, ChecksumKind, Compression, PendingBlock,
+    WriteProps,
 };
 use tank_pool::{PoolError, Tx};
 use tank_vdev::IoBatch;
@@ -45,10 +46,17 @@ pub const FIRST_USER_KIND: u8 = 16;
 /// Data blocks up to this size live inline in tree leaves.
 pub const INLINE_MAX: usize = 1024;
 pub const MIN_BLOCK_SIZE: u32 = 512;
-pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
+/// 16 MiB, as ZFS with large_blocks: large records make large device requests for streams.
+pub const MAX_BLOCK_SIZE: u32 = 16 << 20;
 /// Tree nodes an object set keeps in memory before it evicts the clean ones (16 KiB each at
 /// most, so about 256 MiB); metadata of files far larger than RAM stays bounded.
 const NODE_CACHE_MAX: usize = 16384;
+/// Blocks a sequential stream reads ahead of the caller.
+const PREFETCH_BLOCKS: u64 = 16;
+/// Prefetched blocks an object set holds at most (older ones are dropped).
+const PREFETCH_MAX: usize = 256;
+/// Streams an object set follows at once.
+const PREFETCH_STREAMS: usize = 64;
 /// Blocks one read call keeps in flight.
 const READ_PARALLEL: usize = 32;
 /// Items removed per tree operation batch while truncating.
@@ -230,6 +238,16 @@ pub struct ObjectSet {
     dirty: AtomicBool,
     /// Serializes whole-object operations (writes, truncates) against each other.
     write_lock: Mutex<()>,
+    prefetch: Mutex<Prefetch>,
+}
+
+/// Sequential streams being read and the blocks read ahead for them.
+#[derive(Default)]
+struct Prefetch {
+    /// Object → where its last read ended.
+    streams: HashMap<u64, u64>,
+    /// (object, block id) → the pointer it was read for and the read in flight.
+    blocks: HashMap<(u64, u64), (BlockPtr, PendingBlock)>,
 }
 
 impl std::fmt::Debug for ObjectSet {
@@ -252,6 +270,7 @@ impl ObjectSet {
             policy: Mutex::new(WritePolicy::default()),
             dirty: AtomicBool::new(false),
             write_lock: Mutex::new(()),
+            prefetch: Mutex::new(Prefetch::default()),
         }
     }
 
@@ -397,7 +416,7 @@ impl ObjectSet {
         })
     }
 
-    /// Creates an object with the given block size (a power of two, 512 B to 1 MiB).
+    /// Creates an object with the given block size (a power of two, 512 B to 16 MiB).
     pub fn create_object(
         &self,
         tx: &Tx<'_>,
@@ -407,7 +426,7 @@ impl ObjectSet {
         if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) || !block_size.is_power_of_two()
         {
             return Err(ObjectError::Invalid(format!(
-                "block size {block_size} is not a power of two from 512 B to 1 MiB"
+                "block size {block_size} is not a power of two from 512 B to 16 MiB"
             )));
         }
         let _w = self.write_lock.lock();
@@ -526,12 +545,28 @@ impl ObjectSet {
             }
         }
         // Keep up to READ_PARALLEL blocks in flight; verify and copy them in order.
+        // Blocks a sequential stream prefetched for us, if they are still the current ones.
+        let mut prefetched: HashMap<u64, PendingBlock> = {
+            let mut pf = self.prefetch.lock();
+            on_disk
+                .iter()
+                .filter_map(|(blkid, bp)| match pf.blocks.remove(&(obj, *blkid)) {
+                    Some((pbp, pending)) if pbp == *bp => Some((*blkid, pending)),
+                    _ => None,
+                })
+                .collect()
+        };
         let mut queue = std::collections::VecDeque::new();
         let mut next = on_disk.into_iter();
         loop {
             while queue.len() < READ_PARALLEL {
                 match next.next() {
-                    Some((blkid, bp)) => queue.push_back((blkid, self.blocks.submit(&bp))),
+                    Some((blkid, bp)) => {
+                        let pending = prefetched
+                            .remove(&blkid)
+                            .unwrap_or_else(|| self.blocks.submit(&bp));
+                        queue.push_back((blkid, pending));
+                    }
                     None => break,
                 }
             }
@@ -540,6 +575,7 @@ impl ObjectSet {
             };
             blocks.push((blkid, self.blocks.complete(pending)?));
         }
+        self.prefetch_after(obj, offset, end, last)?;
         let mut out = vec![0u8; (end - offset) as usize];
         for (blkid, block) in blocks {
             let block_start = blkid * bs;
@@ -553,6 +589,53 @@ impl ObjectSet {
             }
         }
         Ok(out)
+    }
+
+    /// Sequential-stream prefetch (ZFS's zfetch, simplified): a read that starts where the
+    /// previous read of the object ended starts reading the next `PREFETCH_BLOCKS` blocks, so
+    /// the devices stay busy between the caller's requests. Prefetched reads are matched by
+    /// block pointer when used, so a block rewritten since is never served stale.
+    fn prefetch_after(
+        &self,
+        obj: u64,
+        offset: u64,
+        end: u64,
+        last: u64,
+    ) -> Result<(), ObjectError> {
+        let sequential = {
+            let mut pf = self.prefetch.lock();
+            let seq = pf.streams.get(&obj) == Some(&offset);
+            if pf.streams.len() >= PREFETCH_STREAMS && !pf.streams.contains_key(&obj) {
+                pf.streams.clear();
+            }
+            pf.streams.insert(obj, end);
+            seq
+        };
+        if !sequential {
+            return Ok(());
+        }
+        let items = self.tree.lock().range(
+            &self.store(),
+            &key(obj, KIND_DATA, last + 1),
+            &key(obj, KIND_DATA, last + 1 + PREFETCH_BLOCKS),
+            PREFETCH_BLOCKS as usize,
+        )?;
+        let mut pf = self.prefetch.lock();
+        for (k, v) in items {
+            if let Value::Block(r) = v {
+                if r.dirty_data().is_some() || pf.blocks.contains_key(&(obj, k.offset)) {
+                    continue;
+                }
+                if let Some(bp) = r.bp() {
+                    if pf.blocks.len() >= PREFETCH_MAX {
+                        pf.blocks.clear();
+                    }
+                    pf.blocks
+                        .insert((obj, k.offset), (bp, self.blocks.submit(&bp)));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Writes `data` at `offset`, extending the object as needed.

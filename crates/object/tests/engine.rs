@@ -257,3 +257,47 @@ fn file_larger_than_the_dirty_limit_streams_through_txgs() {
     assert_eq!(os.read(id, 1 << 39, 8192).unwrap(), vec![0u8; 8192]);
     assert_eq!(os.stat(id).unwrap().size, (1 << 40) + 4096);
 }
+
+#[test]
+fn prefetch_never_serves_stale_blocks() {
+    let (_mems, map) = mem_devices(3, DEV);
+    let (_pool, store) = create("raidz1 m0 m1 m2", &map, 12);
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mib = 1usize << 20;
+    let mut data = bytes(&mut rng(8), 24 * mib, false);
+    let id = {
+        let tx = store.begin(0).unwrap();
+        os.create_object(&tx, 1, mib as u32).unwrap()
+    };
+    {
+        let tx = store.begin(data.len() as u64).unwrap();
+        os.write(&tx, id, 0, &data).unwrap();
+    }
+    store.sync().unwrap();
+    // Two sequential reads start a stream: blocks 4.. are read ahead.
+    assert_eq!(os.read(id, 0, 2 * mib).unwrap(), data[..2 * mib]);
+    assert_eq!(
+        os.read(id, 2 * mib as u64, 2 * mib).unwrap(),
+        data[2 * mib..4 * mib]
+    );
+    // Block 6 is rewritten and committed, block 9 rewritten and still dirty.
+    let new6 = bytes(&mut rng(9), mib, false);
+    let new9 = bytes(&mut rng(10), mib, false);
+    {
+        let tx = store.begin(mib as u64).unwrap();
+        os.write(&tx, id, 6 * mib as u64, &new6).unwrap();
+    }
+    store.sync().unwrap();
+    {
+        let tx = store.begin(mib as u64).unwrap();
+        os.write(&tx, id, 9 * mib as u64, &new9).unwrap();
+    }
+    data[6 * mib..7 * mib].copy_from_slice(&new6);
+    data[9 * mib..10 * mib].copy_from_slice(&new9);
+    let mut off = 4 * mib;
+    while off < data.len() {
+        let got = os.read(id, off as u64, 2 * mib).unwrap();
+        assert!(got == data[off..off + 2 * mib], "stale data at {off}");
+        off += 2 * mib;
+    }
+}

@@ -242,8 +242,8 @@ fn object(cmd: ObjectCmd) -> Result<()> {
             objset,
         } => {
             let bs = parse_size(&block_size)?;
-            if !(512..=(1 << 20)).contains(&bs) || !bs.is_power_of_two() {
-                bail!("invalid block size '{block_size}': a power of two from 512 to 1M");
+            if !(512..=(16 << 20)).contains(&bs) || !bs.is_power_of_two() {
+                bail!("invalid block size '{block_size}': a power of two from 512 to 16M");
             }
             let opened = open_pool(&pool)?;
             let os = opened.store.objset(objset)?;
