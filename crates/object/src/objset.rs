@@ -51,10 +51,12 @@ pub const MAX_BLOCK_SIZE: u32 = 16 << 20;
 /// Tree nodes an object set keeps in memory before it evicts the clean ones (16 KiB each at
 /// most, so about 256 MiB); metadata of files far larger than RAM stays bounded.
 const NODE_CACHE_MAX: usize = 16384;
-/// Blocks a sequential stream reads ahead of the caller.
-const PREFETCH_BLOCKS: u64 = 16;
+/// How far a sequential stream reads ahead of the caller (ZFS's zfetch_max_distance is
+/// 8 MiB; larger here since our device queues are shallow), at least `PREFETCH_MIN_BLOCKS`.
+const PREFETCH_BYTES: u64 = 16 << 20;
+const PREFETCH_MIN_BLOCKS: u64 = 16;
 /// Prefetched blocks an object set holds at most (older ones are dropped).
-const PREFETCH_MAX: usize = 256;
+const PREFETCH_MAX: usize = 1024;
 /// Streams an object set follows at once.
 const PREFETCH_STREAMS: usize = 64;
 /// Blocks one read call keeps in flight.
@@ -592,7 +594,7 @@ impl ObjectSet {
     }
 
     /// Sequential-stream prefetch (ZFS's zfetch, simplified): a read that starts where the
-    /// previous read of the object ended starts reading the next `PREFETCH_BLOCKS` blocks, so
+    /// previous read of the object ended starts reading the next `PREFETCH_BYTES`, so
     /// the devices stay busy between the caller's requests. Prefetched reads are matched by
     /// block pointer when used, so a block rewritten since is never served stale.
     fn prefetch_after(
@@ -614,11 +616,13 @@ impl ObjectSet {
         if !sequential {
             return Ok(());
         }
+        let bs = u64::from(self.stat(obj)?.block_size);
+        let ahead = (PREFETCH_BYTES / bs).max(PREFETCH_MIN_BLOCKS);
         let items = self.tree.lock().range(
             &self.store(),
             &key(obj, KIND_DATA, last + 1),
-            &key(obj, KIND_DATA, last + 1 + PREFETCH_BLOCKS),
-            PREFETCH_BLOCKS as usize,
+            &key(obj, KIND_DATA, last + 1 + ahead),
+            ahead as usize,
         )?;
         let mut pf = self.prefetch.lock();
         for (k, v) in items {
