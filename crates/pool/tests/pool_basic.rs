@@ -176,3 +176,36 @@ fn damaged_newest_txg_needs_rewind() {
     let pool = Pool::import(&devs, &ImportOptions::default()).unwrap();
     assert_eq!(pool.history().unwrap().len(), 5);
 }
+
+#[test]
+fn pool_active_on_another_host_needs_force() {
+    let (mems, map) = devices(2, 64 << 20);
+    let (pool, _) =
+        Pool::create("h", &spec("mirror d0 d1"), &map, &CreateOptions::default()).unwrap();
+    let mut cfg = pool.config();
+    pool.shutdown().unwrap();
+    drop(pool);
+    // Another machine imported it last and did not export it.
+    cfg.hostname = "some-other-host".into();
+    cfg.txg += 10;
+    let devs = reopen(&mems);
+    for (dev, (top, leaf)) in devs.iter().zip(cfg.leaves().collect::<Vec<_>>()) {
+        tank_pool::label::write_labels(dev.as_ref(), &cfg, leaf.guid, top.guid, &[0, 1, 2, 3])
+            .unwrap();
+    }
+    let err = Pool::import(&devs, &ImportOptions::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("some-other-host") && err.to_string().contains("-f"),
+        "{err}"
+    );
+    let pool = Pool::import(
+        &devs,
+        &ImportOptions {
+            force: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(pool.config().hostname, tank_pool::config::hostname());
+    pool.export().unwrap();
+}

@@ -338,8 +338,17 @@ pub fn print_status(st: &PoolStatus, verbose: bool) {
         }
     }
     println!("{t}\n");
+    let freeing = if st.space.deferred > 0 {
+        format!(
+            " ({} of it freed, reusable within {} txgs)",
+            human(st.space.deferred),
+            tank_block::DEFER_TXGS
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "space: {} raw, {} allocated, {} free ({} usable for data); txg {}",
+        "space: {} raw, {} allocated{freeing}, {} free ({} usable for data); txg {}",
         human(st.space.size),
         human(st.space.allocated),
         human(st.space.free),
