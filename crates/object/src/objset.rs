@@ -148,6 +148,10 @@ fn key(obj: u64, kind: u8, offset: u64) -> Key {
     Key { obj, kind, offset }
 }
 
+fn read_node(blocks: &BlockStore, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+    blocks.read(bp).map_err(|e| TreeError::Store(e.to_string()))
+}
+
 /// Reads blocks for the live tree (writes happen only in a sync).
 pub(crate) struct ReadStore<'a> {
     pub blocks: &'a BlockStore,
@@ -155,9 +159,7 @@ pub(crate) struct ReadStore<'a> {
 
 impl NodeStore for ReadStore<'_> {
     fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-        self.blocks
-            .read(bp)
-            .map_err(|e| TreeError::Store(e.to_string()))
+        read_node(self.blocks, bp)
     }
     fn write_block(&self, _data: &[u8], _kind: WriteKind) -> Result<BlockPtr, TreeError> {
         Err(TreeError::Store("write outside of a sync".into()))
@@ -177,9 +179,7 @@ struct SyncStore<'a> {
 
 impl NodeStore for SyncStore<'_> {
     fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-        self.blocks
-            .read(bp)
-            .map_err(|e| TreeError::Store(e.to_string()))
+        read_node(self.blocks, bp)
     }
     fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError> {
         let props = match kind {

@@ -72,6 +72,29 @@ fn drop_cache(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Writes `size` bytes (repeating `data`) to a new file with an fsync; returns bytes/s.
+fn write_file(path: &Path, size: u64, data: &[u8]) -> Result<f64> {
+    let t = Instant::now();
+    let mut f = std::fs::File::create(path)?;
+    let mut left = size;
+    while left > 0 {
+        let n = (data.len() as u64).min(left) as usize;
+        f.write_all(&data[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(size as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Reads a whole file in 1 MiB requests; returns bytes/s for `size` bytes.
+fn read_file(path: &Path, size: u64) -> Result<f64> {
+    let t = Instant::now();
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    while f.read(&mut buf)? > 0 {}
+    Ok(size as f64 / t.elapsed().as_secs_f64())
+}
+
 fn cpu_seconds() -> f64 {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
@@ -141,31 +164,14 @@ fn zfs_fuse_run(a: &BenchArgs, size: u64, data: &[u8], per_dev: u64) -> Result<(
     let result = (|| {
         run_cmd("zfs", &["set", "compression=off", "tankbenchzf"])?;
         let file = mnt.join("data");
-        let t = Instant::now();
-        {
-            let mut f = std::fs::File::create(&file)?;
-            let mut left = size;
-            while left > 0 {
-                let n = (data.len() as u64).min(left) as usize;
-                f.write_all(&data[..n])?;
-                left -= n as u64;
-            }
-            f.sync_all()?;
-        }
-        let w = size as f64 / t.elapsed().as_secs_f64();
+        let w = write_file(&file, size, data)?;
         run_cmd("zpool", &["export", "tankbenchzf"])?;
         for n in &names {
             drop_cache(Path::new(n))?;
         }
         let dir_s = a.dir.to_string_lossy().into_owned();
         run_cmd("zpool", &["import", "-d", &dir_s, "tankbenchzf"])?;
-        let t = Instant::now();
-        {
-            let mut f = std::fs::File::open(&file)?;
-            let mut buf = vec![0u8; 1 << 20];
-            while f.read(&mut buf)? > 0 {}
-        }
-        let r = size as f64 / t.elapsed().as_secs_f64();
+        let r = read_file(&file, size)?;
         Ok((w, r))
     })();
     // zfs-fuse reports the pool busy for a moment after its last file is closed.
@@ -215,26 +221,9 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     let dir = &a.dir;
     // Raw baseline.
     let raw = dir.join("raw-baseline");
-    let t = Instant::now();
-    {
-        let mut f = std::fs::File::create(&raw)?;
-        let mut left = size;
-        while left > 0 {
-            let n = (data.len() as u64).min(left) as usize;
-            f.write_all(&data[..n])?;
-            left -= n as u64;
-        }
-        f.sync_all()?;
-    }
-    let raw_write = size as f64 / t.elapsed().as_secs_f64();
+    let raw_write = write_file(&raw, size, data)?;
     drop_cache(&raw)?;
-    let t = Instant::now();
-    {
-        let mut f = std::fs::File::open(&raw)?;
-        let mut buf = vec![0u8; 1 << 20];
-        while f.read(&mut buf)? > 0 {}
-    }
-    let raw_read = size as f64 / t.elapsed().as_secs_f64();
+    let raw_read = read_file(&raw, size)?;
     std::fs::remove_file(&raw)?;
 
     // The pool.

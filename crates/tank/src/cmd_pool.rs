@@ -570,32 +570,25 @@ fn iostat(a: IostatArgs) -> Result<()> {
             out_json.push(serde_json::json!({"pool": st.name, "allocated": st.space.allocated, "free": st.space.free,
                 "read_ops_per_s": r, "write_ops_per_s": w, "read_bytes_per_s": rb, "write_bytes_per_s": wb}));
             if a.verbose {
-                for (nv, ov) in st.config[0]
-                    .children
-                    .iter()
-                    .zip(p.config[0].children.iter())
-                {
-                    let (r, w, rb, wb) = rate(nv, ov);
-                    t.add_row(vec![
-                        format!("  {}", nv.name),
+                let row = |name: String, (r, w, rb, wb): (f64, f64, f64, f64)| {
+                    vec![
+                        name,
                         String::new(),
                         String::new(),
                         format!("{r:.0}"),
                         format!("{w:.0}"),
                         human(rb as u64),
                         human(wb as u64),
-                    ]);
+                    ]
+                };
+                for (nv, ov) in st.config[0]
+                    .children
+                    .iter()
+                    .zip(p.config[0].children.iter())
+                {
+                    t.add_row(row(format!("  {}", nv.name), rate(nv, ov)));
                     for (nl, ol) in nv.children.iter().zip(ov.children.iter()) {
-                        let (r, w, rb, wb) = rate(nl, ol);
-                        t.add_row(vec![
-                            format!("    {}", nl.name),
-                            String::new(),
-                            String::new(),
-                            format!("{r:.0}"),
-                            format!("{w:.0}"),
-                            human(rb as u64),
-                            human(wb as u64),
-                        ]);
+                        t.add_row(row(format!("    {}", nl.name), rate(nl, ol)));
                     }
                 }
             }
