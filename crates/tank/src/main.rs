@@ -11,6 +11,7 @@ mod cmd_debug;
 mod cmd_pool;
 mod datadir;
 mod demo;
+mod plan;
 mod pools;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure a pool layout against the raw device files it is built on.
     Bench(bench::BenchArgs),
+    /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
+    Plan(plan::PlanArgs),
 }
 
 fn main() {
@@ -54,6 +57,7 @@ fn main() {
         Command::Debug(c) => cmd_debug::run(c),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Plan(a) => plan::run(a),
     };
     if let Err(e) = result {
         eprintln!("tank: {e:#}");

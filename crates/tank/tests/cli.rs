@@ -218,3 +218,50 @@ fn demo_runs_on_a_fresh_data_dir() {
     assert!(meta.len() >= 4 << 30);
     assert!(meta.blocks() * 512 < 256 << 20, "device file is not sparse");
 }
+
+#[test]
+fn plan_recommends_and_refuses_nonsense() {
+    let env = Env::new();
+    let out = env.ok(&[
+        "plan",
+        "--disks",
+        "7x4TB",
+        "--workload",
+        "seq",
+        "--ssd",
+        "1x512GB",
+    ]);
+    assert!(
+        out.contains("recommended for seq work: 1 x raidz2 of 7"),
+        "{out}"
+    );
+    assert!(out.contains("L2ARC") && out.contains("SLOG"), "{out}");
+    let json = env.ok(&[
+        "plan",
+        "--disks",
+        "12x4TB",
+        "--workload",
+        "random",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        v["recommended"].as_str().unwrap().contains("mirror"),
+        "{json}"
+    );
+    assert!(v["layouts"].as_array().unwrap().len() > 5);
+    env.fails(&["plan", "--disks", "0x4TB"], "disks");
+    env.fails(&["plan", "--disks", "seven"], "COUNTxSIZE");
+    env.fails(
+        &["plan", "--disks", "7x4TB", "--disk-type", "hdd:rpm=0"],
+        "rpm",
+    );
+    env.fails(
+        &["plan", "--disks", "7x4TB", "--recordsize", "3000"],
+        "power of two",
+    );
+    env.fails(
+        &["plan", "--disks", "7x4TB", "--workload", "bursty"],
+        "workload",
+    );
+}

@@ -1,0 +1,22 @@
+//! Measuring and planning: device profiles and their emulation, and the layout advisor
+//! (`tank plan`).
+//!
+//! # Theory of operation
+//! `profile.rs` describes disks by the figures that matter (bandwidth, seek, rotation, IOPS,
+//! queue depth, capacity, MTTF, URE rate) and turns a profile into a timing model for
+//! `tank_device::EmulatedDevice`. `plan.rs` turns a set of disks into candidate layouts with
+//! capacity (the engine's own RAID-Z allocation rule), reliability and expected speed, and
+//! recommends one for a workload.
+
+pub mod plan;
+pub mod profile;
+
+pub use plan::{Assessment, Layout, PlanInput, VdevType, Workload};
+pub use profile::{DeviceProfile, DiskKind, HddModel, SsdModel};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    #[error("{0}")]
+    Invalid(String),
+}
