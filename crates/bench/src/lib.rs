@@ -6,8 +6,10 @@
 //! queue depth, capacity, MTTF, URE rate) and turns a profile into a timing model for
 //! `tank_device::EmulatedDevice`. `plan.rs` turns a set of disks into candidate layouts with
 //! capacity (the engine's own RAID-Z allocation rule), reliability and expected speed, and
-//! recommends one for a workload.
+//! recommends one for a workload. `fsbench.rs` is the bonnie++-style benchmark of a
+//! directory.
 
+pub mod fsbench;
 pub mod plan;
 pub mod profile;
 

@@ -11,6 +11,7 @@ mod cmd_debug;
 mod cmd_pool;
 mod datadir;
 mod demo;
+mod fsbench;
 mod plan;
 mod pools;
 
@@ -44,8 +45,11 @@ enum Command {
     /// Create (if needed) the default pool under the data directory, write and read back
     /// data through it, and show its status.
     Demo(demo::DemoArgs),
-    /// Measure a pool layout against the raw device files it is built on.
-    Bench(bench::BenchArgs),
+    /// Benchmark a directory the way bonnie++ does (plus a tree copy test), with history,
+    /// comparison and a chart.
+    Bench(fsbench::FsBenchArgs),
+    /// Measure a pool layout at the engine level against the raw device files it is built on.
+    BenchEngine(bench::BenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
 }
@@ -56,7 +60,8 @@ fn main() {
         Command::Pool(c) => cmd_pool::run(c),
         Command::Debug(c) => cmd_debug::run(c),
         Command::Demo(a) => demo::run(a),
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => fsbench::run(a),
+        Command::BenchEngine(a) => bench::run(a),
         Command::Plan(a) => plan::run(a),
     };
     if let Err(e) = result {

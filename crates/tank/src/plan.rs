@@ -171,7 +171,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
             c.slog_reason
         );
     }
-    println!("\nmodels: docs/PLAN.md. Estimates, not measurements: `tank bench` measures.");
+    println!("\nmodels: docs/PLAN.md. Estimates, not measurements: `tank bench` and `tank bench-engine` measure.");
     Ok(())
 }
 

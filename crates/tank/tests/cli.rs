@@ -265,3 +265,65 @@ fn plan_recommends_and_refuses_nonsense() {
         "workload",
     );
 }
+
+#[test]
+fn bench_measures_a_directory_keeps_history_and_cleans_up() {
+    let env = Env::new();
+    std::fs::create_dir(env.path("target")).unwrap();
+    std::fs::write(env.path("target/keep"), b"user data").unwrap();
+    let args = [
+        "bench",
+        "target",
+        "--size",
+        "8M",
+        "--files",
+        "100",
+        "--tree-files",
+        "20",
+        "--runs",
+        "1",
+        "--label",
+        "first",
+        "--chart",
+        "chart.svg",
+        "--json",
+    ];
+    let out = env.ok(&args);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["summary"]["median"]["seq_output_block_mb_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{out}"
+    );
+    assert!(std::fs::read_to_string(env.path("chart.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+    let left: Vec<_> = std::fs::read_dir(env.path("target"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("keep")]);
+    env.ok(&[
+        "bench",
+        "target",
+        "--size",
+        "8M",
+        "--files",
+        "100",
+        "--tree-files",
+        "20",
+        "--runs",
+        "1",
+        "--label",
+        "second",
+    ]);
+    let cmp = env.ok(&["bench", "--compare"]);
+    assert!(
+        cmp.contains("first") && cmp.contains("second") && cmp.contains("Random seeks"),
+        "{cmp}"
+    );
+    env.fails(&["bench", "target/keep", "--size", "8M"], "not a directory");
+    env.fails(&["bench", "target", "--size", "1P"], "free");
+}

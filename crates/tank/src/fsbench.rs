@@ -1,0 +1,297 @@
+//! `tank bench PATH`: the bonnie++-style benchmark of a directory, with history, comparison
+//! and a chart. The phases and their aggregation are in `tank_bench::fsbench`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use comfy_table::{presets, Table};
+use serde::{Deserialize, Serialize};
+use tank_bench::fsbench::{self, FsBenchConfig, Summary, FIGURE_NAMES};
+
+use crate::datadir::{data_dir, human, parse_size};
+
+#[derive(Args)]
+pub struct FsBenchArgs {
+    /// Directory to measure (a tank dataset's mount, or any file system).
+    path: Option<PathBuf>,
+    /// Bytes written and read in all (default: twice the RAM, so caches cannot flatter it).
+    #[arg(long)]
+    size: Option<String>,
+    #[arg(long, default_value = "128K")]
+    recordsize: String,
+    /// Parallel jobs, started together; figures are their aggregate.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Runs; the table shows the median with min and max.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// fdatasync after every write.
+    #[arg(long)]
+    sync: bool,
+    /// Files of the small-file phase (bonnie++'s default is 16 x 1024).
+    #[arg(long, default_value_t = 16 * 1024)]
+    files: usize,
+    /// Files of the tree copy test.
+    #[arg(long, default_value_t = 2000)]
+    tree_files: usize,
+    /// A name for this run in the history.
+    #[arg(long)]
+    label: Option<String>,
+    /// Write an SVG chart of the result.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+    /// Show the last runs from the history side by side (no benchmark is run).
+    #[arg(long)]
+    compare: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct HistoryEntry {
+    time: u64,
+    label: String,
+    path: String,
+    size: u64,
+    recordsize: usize,
+    jobs: usize,
+    sync: bool,
+    summary: Summary,
+}
+
+fn history_path() -> PathBuf {
+    data_dir().join("bench-history.jsonl")
+}
+
+fn ram_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|k| k * 1024)
+        .unwrap_or(8 << 30)
+}
+
+const LABELS: [&str; 10] = [
+    "Seq output block MB/s",
+    "Rewrite MB/s",
+    "Seq input block MB/s",
+    "Random seeks /s",
+    "Seq create /s",
+    "Seq stat /s",
+    "Seq delete /s",
+    "Tree copy in MB/s",
+    "Tree copy out MB/s",
+    "Tree delete files/s",
+];
+
+pub fn run(a: FsBenchArgs) -> Result<()> {
+    if a.compare {
+        return compare(a.json);
+    }
+    let Some(path) = a.path.clone() else {
+        bail!("give a directory to measure (or --compare to show past runs)");
+    };
+    let size = match &a.size {
+        Some(s) => parse_size(s)?,
+        None => 2 * ram_bytes(),
+    };
+    let recordsize = parse_size(&a.recordsize)? as usize;
+    if recordsize == 0 || recordsize > 16 << 20 {
+        bail!("record size must be from 1 byte to 16M");
+    }
+    let cfg = FsBenchConfig {
+        size,
+        recordsize,
+        jobs: a.jobs,
+        runs: a.runs,
+        sync: a.sync,
+        files: a.files,
+        seeks: 8000,
+        tree_files: a.tree_files,
+    };
+    let start = Instant::now();
+    let mut last_len = 0;
+    let runs = fsbench::run(&path, &cfg, &mut |phase, done| {
+        let el = start.elapsed().as_secs_f64();
+        let eta = if done > 0.01 {
+            el / done - el
+        } else {
+            f64::NAN
+        };
+        let line = if eta.is_finite() {
+            format!(
+                "{phase}  {:.0} %  elapsed {:.0} s  ETA {:.0} s",
+                done * 100.0,
+                el,
+                eta.max(0.0)
+            )
+        } else {
+            format!("{phase}  elapsed {el:.0} s")
+        };
+        eprint!("\r{line:<last_len$}");
+        last_len = line.len();
+        let _ = std::io::stderr().flush();
+    })
+    .with_context(|| format!("benchmark of {}", path.display()))?;
+    eprintln!();
+    let summary = fsbench::summarize(&runs);
+    let entry = HistoryEntry {
+        time: tank_pool::config::now_secs(),
+        label: a
+            .label
+            .clone()
+            .unwrap_or_else(|| path.display().to_string()),
+        path: path.display().to_string(),
+        size,
+        recordsize,
+        jobs: a.jobs,
+        sync: a.sync,
+        summary: summary.clone(),
+    };
+    std::fs::create_dir_all(data_dir()).ok();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(history_path())
+        .with_context(|| format!("cannot write {}", history_path().display()))?;
+    writeln!(f, "{}", serde_json::to_string(&entry)?)?;
+    if let Some(chart) = &a.chart {
+        std::fs::write(chart, svg(&entry))
+            .with_context(|| format!("cannot write {}", chart.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&entry)?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} in {} jobs, record {}, {}{} run(s), median (min..max)",
+        entry.label,
+        human(size),
+        a.jobs,
+        human(recordsize as u64),
+        if a.sync { "sync, " } else { "" },
+        summary.runs
+    );
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_header(["FIGURE", "MEDIAN", "MIN", "MAX"]);
+    let (med, min, max) = (
+        summary.median.values(),
+        summary.min.values(),
+        summary.max.values(),
+    );
+    for i in 0..LABELS.len() {
+        t.add_row(vec![
+            LABELS[i].to_string(),
+            format!("{:.1}", med[i]),
+            format!("{:.1}", min[i]),
+            format!("{:.1}", max[i]),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+fn compare(json: bool) -> Result<()> {
+    let raw = match std::fs::read_to_string(history_path()) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("no benchmark history yet in {}", history_path().display());
+            return Ok(());
+        }
+        Err(e) => return Err(e).context("cannot read the benchmark history"),
+    };
+    let entries: Vec<HistoryEntry> = raw
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let last: Vec<&HistoryEntry> = entries.iter().rev().take(6).rev().collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&last)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    let mut header = vec!["FIGURE (median)".to_string()];
+    header.extend(last.iter().map(|e| e.label.clone()));
+    t.set_header(header);
+    for (i, name) in LABELS.iter().enumerate() {
+        let mut row = vec![name.to_string()];
+        row.extend(
+            last.iter()
+                .map(|e| format!("{:.1}", e.summary.median.values()[i])),
+        );
+        t.add_row(row);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+/// A chart in the reference build's style: throughput bars (MB/s) on a linear axis, operation
+/// rates on a log axis.
+fn svg(e: &HistoryEntry) -> String {
+    let v = e.summary.median.values();
+    let mb_idx = [0usize, 1, 2, 7, 8];
+    let ops_idx = [3usize, 4, 5, 6, 9];
+    let (w, h, bar) = (760.0, 330.0, 56.0);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"10\" y=\"18\" font-size=\"14\">tank bench: {} ({} runs, median)</text>\n",
+        xml(&e.label),
+        e.summary.runs
+    );
+    let max_mb = mb_idx.iter().map(|&i| v[i]).fold(1.0, f64::max);
+    let top = 40.0;
+    let plot = 220.0;
+    for (k, &i) in mb_idx.iter().enumerate() {
+        let x = 20.0 + k as f64 * (bar + 14.0);
+        let bh = v[i] / max_mb * plot;
+        s += &format!(
+            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"#3a7bd5\"/>\n<text x=\"{x}\" y=\"{}\">{:.0}</text>\n<text x=\"{x}\" y=\"{}\" font-size=\"9\">{}</text>\n",
+            top + plot - bh,
+            top + plot - bh - 3.0,
+            v[i],
+            top + plot + 14.0,
+            xml(FIGURE_NAMES[i].trim_end_matches("_mb_s"))
+        );
+    }
+    s += &format!(
+        "<text x=\"20\" y=\"{}\">MB/s (linear)</text>\n",
+        top + plot + 32.0
+    );
+    let lmax = ops_idx
+        .iter()
+        .map(|&i| v[i].max(1.0).log10())
+        .fold(1.0, f64::max)
+        .ceil();
+    for (k, &i) in ops_idx.iter().enumerate() {
+        let x = 400.0 + k as f64 * (bar + 14.0);
+        let bh = v[i].max(1.0).log10() / lmax * plot;
+        s += &format!(
+            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"#d5803a\"/>\n<text x=\"{x}\" y=\"{}\">{:.0}</text>\n<text x=\"{x}\" y=\"{}\" font-size=\"9\">{}</text>\n",
+            top + plot - bh,
+            top + plot - bh - 3.0,
+            v[i],
+            top + plot + 14.0,
+            xml(FIGURE_NAMES[i].trim_end_matches("_per_s"))
+        );
+    }
+    s += &format!(
+        "<text x=\"400\" y=\"{}\">operations/s (log axis, top = 10^{lmax})</text>\n</svg>\n",
+        top + plot + 32.0
+    );
+    s
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
