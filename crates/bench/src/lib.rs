@@ -9,6 +9,7 @@
 //! recommends one for a workload. `fsbench.rs` is the bonnie++-style benchmark of a
 //! directory.
 
+pub mod emulate;
 pub mod fsbench;
 pub mod plan;
 pub mod profile;

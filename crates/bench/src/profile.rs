@@ -247,11 +247,13 @@ impl DeviceProfile {
         Ok(())
     }
 
-    /// The timing model that emulates this profile.
-    pub fn model(&self) -> Box<dyn TimingModel> {
+    /// The timing model that emulates this profile on a device of `span` bytes (a scaled-down
+    /// stand-in: offsets are stretched over the whole profile capacity, so seeks cost what they
+    /// would on the real disk).
+    pub fn model(&self, span: u64) -> std::sync::Arc<dyn TimingModel> {
         match self.kind {
-            DiskKind::Hdd => Box::new(HddModel::new(self.clone())),
-            _ => Box::new(SsdModel {
+            DiskKind::Hdd => std::sync::Arc::new(HddModel::with_span(self.clone(), span)),
+            _ => std::sync::Arc::new(SsdModel {
                 profile: self.clone(),
             }),
         }
@@ -279,6 +281,8 @@ pub struct HddModel {
     profile: DeviceProfile,
     /// Byte offset where the head is (the end of the previous request).
     head: Mutex<u64>,
+    /// Profile capacity over the emulating device's size.
+    stretch: f64,
 }
 
 /// Track-to-track seek, milliseconds.
@@ -289,9 +293,17 @@ const MEAN_SQRT_DISTANCE: f64 = 8.0 / 15.0;
 
 impl HddModel {
     pub fn new(profile: DeviceProfile) -> Self {
+        let span = profile.capacity;
+        Self::with_span(profile, span)
+    }
+
+    /// A model for a stand-in device of `span` bytes (see [`DeviceProfile::model`]).
+    pub fn with_span(profile: DeviceProfile, span: u64) -> Self {
+        let stretch = profile.capacity as f64 / span.max(1) as f64;
         Self {
             profile,
             head: Mutex::new(0),
+            stretch,
         }
     }
 
@@ -322,7 +334,8 @@ impl TimingModel for HddModel {
         let positioning_ms = if offset == *head {
             0.0
         } else {
-            self.seek_ms(offset.abs_diff(*head)) + self.profile.rotation_ms()
+            self.seek_ms((offset.abs_diff(*head) as f64 * self.stretch) as u64)
+                + self.profile.rotation_ms()
         };
         *head = offset + len;
         Duration::from_secs_f64(positioning_ms / 1e3 + len as f64 / bw)
@@ -428,5 +441,28 @@ mod tests {
         assert!(DeviceProfile::parse("hdd:bw").is_err());
         assert!(link_bandwidth("1gbe").unwrap() > 100e6);
         assert!(link_bandwidth("10mbit").is_err());
+    }
+}
+
+#[cfg(test)]
+mod emulated_device_tests {
+    use super::*;
+    use std::sync::Arc;
+    use tank_device::{BlockDevice, EmulatedDevice, MemDevice};
+
+    #[test]
+    fn emulated_sequential_write_takes_the_modelled_time() {
+        let p = DeviceProfile::hdd();
+        let inner = Arc::new(MemDevice::new("m", 256 << 20));
+        let dev = EmulatedDevice::new(inner, p.model(256 << 20));
+        let buf = vec![7u8; 1 << 20];
+        let t = std::time::Instant::now();
+        for i in 0..20u64 {
+            dev.write_at(&buf, i << 20).unwrap();
+        }
+        let took = t.elapsed().as_secs_f64();
+        let expect = 20.0 * (1u64 << 20) as f64 / p.write_bw;
+        eprintln!("took {took} expect {expect}");
+        assert!(took >= expect * 0.99, "took {took}, model says {expect}");
     }
 }

@@ -46,6 +46,9 @@ pub struct FsBenchArgs {
     /// Show the last runs from the history side by side (no benchmark is run).
     #[arg(long)]
     compare: bool,
+    /// Measure an emulated build instead of a directory, e.g. "7x hdd raidz2 + ssd log".
+    #[arg(long)]
+    emulate: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -94,6 +97,17 @@ const LABELS: [&str; 10] = [
 pub fn run(a: FsBenchArgs) -> Result<()> {
     if a.compare {
         return compare(a.json);
+    }
+    if let Some(spec) = &a.emulate {
+        let size = match &a.size {
+            Some(s) => parse_size(s)?,
+            None => 1 << 30,
+        };
+        let rs = parse_size(&a.recordsize)?;
+        if !(512..=(16 << 20)).contains(&rs) || !rs.is_power_of_two() {
+            bail!("record size must be a power of two from 512 to 16M");
+        }
+        return crate::emulate::run(spec, size, rs as u32, a.runs, a.json);
     }
     let Some(path) = a.path.clone() else {
         bail!("give a directory to measure (or --compare to show past runs)");

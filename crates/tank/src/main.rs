@@ -11,6 +11,7 @@ mod cmd_debug;
 mod cmd_pool;
 mod datadir;
 mod demo;
+mod emulate;
 mod fsbench;
 mod plan;
 mod pools;
