@@ -327,3 +327,39 @@ fn bench_measures_a_directory_keeps_history_and_cleans_up() {
     env.fails(&["bench", "target/keep", "--size", "8M"], "not a directory");
     env.fails(&["bench", "target", "--size", "1P"], "free");
 }
+
+#[test]
+fn bench_emulates_a_planned_build() {
+    let env = Env::new();
+    let out = env.ok(&[
+        "bench",
+        "--emulate",
+        "3x nvme raidz1 + ssd log",
+        "--size",
+        "16M",
+        "--recordsize",
+        "1M",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let read = v["median"]["seq_input_block_mb_s"].as_f64().unwrap();
+    // Two data devices of an emulated NVMe (3500 MB/s each) cannot read faster than both together.
+    assert!(read > 0.0 && read < 2.0 * 3500.0 * 1.1, "{out}");
+    env.fails(
+        &["bench", "--emulate", "2x hdd raidz2"],
+        "raidz2 of 2 devices",
+    );
+    env.fails(&["bench", "--emulate", "7x tape"], "unknown device profile");
+    // Nothing of the emulated pool is left behind.
+    let data = env.path("data");
+    let left: Vec<_> = std::fs::read_dir(&data)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter()
+            .all(|n| !n.to_string_lossy().starts_with("emulate-")),
+        "{left:?}"
+    );
+}
