@@ -703,13 +703,16 @@ impl ObjectSet {
     }
 
     fn remove_data_from(&self, obj: u64, first: u64) -> Result<(), ObjectError> {
+        self.remove_range(key(obj, KIND_DATA, first), key(obj, KIND_DATA + 1, 0))
+    }
+
+    /// Removes every item with `start <= key < end`, in batches.
+    fn remove_range(&self, start: Key, end: Key) -> Result<(), ObjectError> {
         loop {
-            let items = self.tree.lock().range(
-                &self.store(),
-                &key(obj, KIND_DATA, first),
-                &key(obj, KIND_DATA + 1, 0),
-                TRUNCATE_BATCH,
-            )?;
+            let items = self
+                .tree
+                .lock()
+                .range(&self.store(), &start, &end, TRUNCATE_BATCH)?;
             if items.is_empty() {
                 return Ok(());
             }
@@ -723,20 +726,11 @@ impl ObjectSet {
     pub fn free_object(&self, _tx: &Tx<'_>, obj: u64) -> Result<(), ObjectError> {
         let _w = self.write_lock.lock();
         self.stat(obj)?;
-        loop {
-            let items = self.tree.lock().range(
-                &self.store(),
-                &key(obj, 0, 0),
-                &key(obj, u8::MAX, u64::MAX),
-                TRUNCATE_BATCH,
-            )?;
-            if items.is_empty() {
-                return Ok(());
-            }
-            for (k, _) in items {
-                self.tree_remove(&k)?;
-            }
-        }
+        let end = match obj.checked_add(1) {
+            Some(next) => key(next, 0, 0),
+            None => Key::MAX,
+        };
+        self.remove_range(key(obj, 0, 0), end)
     }
 
     // ---- sync ----
