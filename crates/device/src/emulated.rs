@@ -30,6 +30,11 @@ pub enum IoKind {
 pub trait TimingModel: Send + Sync + std::fmt::Debug {
     /// Service time of one operation. `offset` and `len` are 0 for flushes.
     fn service_time(&self, op: IoKind, offset: u64, len: u64) -> Duration;
+    /// Requests the emulated device serves at once (it serializes them; one keeps a stream's
+    /// requests in the order they were issued, as a disk's queue would sort them).
+    fn queue_depth(&self) -> usize {
+        1
+    }
 }
 
 /// A model in which everything is instantaneous.
@@ -112,6 +117,10 @@ impl BlockDevice for EmulatedDevice {
 
     fn name(&self) -> &str {
         self.inner.name()
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.model.queue_depth()
     }
 }
 

@@ -81,6 +81,11 @@ pub trait BlockDevice: Send + Sync + fmt::Debug {
     fn trim(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
     }
+    /// How many requests the device serves well at once (its useful queue depth); the vdev
+    /// layer runs that many readers for it. One for a disk with a single actuator.
+    fn queue_depth(&self) -> usize {
+        4
+    }
     /// Display name (the path for file devices).
     fn name(&self) -> &str;
 }

@@ -240,7 +240,7 @@ impl Leaf {
             .spawn(move || worker(worker_dev, rx, weak))
             .expect("spawn vdev worker")];
         let (rtx, rrx) = crossbeam_channel::unbounded::<ReadReq>();
-        for i in 0..READ_QUEUE_DEPTH {
+        for i in 0..dev.queue_depth().clamp(1, READ_QUEUE_DEPTH) {
             let (dev, rrx, weak) = (dev.clone(), rrx.clone(), Arc::downgrade(self));
             workers.push(
                 thread::Builder::new()
@@ -403,7 +403,8 @@ impl Leaf {
     }
 }
 
-/// Reader threads per leaf: the reads a device has in flight at once.
+/// Most reader threads per leaf: the reads a device has in flight at once (fewer when the
+/// device says it serves fewer, as a single-actuator disk does).
 const READ_QUEUE_DEPTH: usize = 4;
 
 type ReadReq = (u64, usize, Sender<Result<Vec<u8>, DeviceError>>);
