@@ -163,14 +163,7 @@ fn create(a: CreateArgs) -> Result<()> {
     for w in &warnings {
         eprintln!("warning: {w}");
     }
-    pool.log_history(&crate::command_line());
-    let store = tank_object::ObjectStore::open(pool.clone())?;
-    store.sync()?;
-    let mut cache = PoolCache::load(&data_dir())?;
-    cache.upsert(cache_entry(&pool));
-    cache.save(&data_dir())?;
-    let st = pool.status();
-    pool.shutdown()?;
+    let st = register(&pool)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&st)?);
     } else {
@@ -183,6 +176,20 @@ fn create(a: CreateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// After create or import: records the command, opens the object sets, syncs, enters the
+/// pool in the cache file and closes it; returns its status.
+fn register(pool: &std::sync::Arc<Pool>) -> Result<PoolStatus> {
+    pool.log_history(&crate::command_line());
+    let store = tank_object::ObjectStore::open(pool.clone()).context("cannot open object sets")?;
+    store.sync()?;
+    let mut cache = PoolCache::load(&data_dir())?;
+    cache.upsert(cache_entry(pool));
+    cache.save(&data_dir())?;
+    let st = pool.status();
+    pool.shutdown()?;
+    Ok(st)
 }
 
 fn pool_names(given: &[String]) -> Result<Vec<String>> {
@@ -465,14 +472,7 @@ fn import(a: ImportArgs) -> Result<()> {
     for n in &pool.import_notes {
         eprintln!("note: {n}");
     }
-    pool.log_history(&crate::command_line());
-    let store = tank_object::ObjectStore::open(pool.clone()).context("cannot open object sets")?;
-    store.sync()?;
-    let mut cache = PoolCache::load(&data_dir())?;
-    cache.upsert(cache_entry(&pool));
-    cache.save(&data_dir())?;
-    let st = pool.status();
-    pool.shutdown()?;
+    let st = register(&pool)?;
     println!("imported pool '{}' ({})", st.name, st.state);
     Ok(())
 }

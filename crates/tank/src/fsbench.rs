@@ -263,18 +263,33 @@ fn svg(e: &HistoryEntry) -> String {
     let max_mb = mb_idx.iter().map(|&i| v[i]).fold(1.0, f64::max);
     let top = 40.0;
     let plot = 220.0;
-    for (k, &i) in mb_idx.iter().enumerate() {
-        let x = 20.0 + k as f64 * (bar + 14.0);
-        let bh = v[i] / max_mb * plot;
-        s += &format!(
-            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"#3a7bd5\"/>\n<text x=\"{x}\" y=\"{}\">{:.0}</text>\n<text x=\"{x}\" y=\"{}\" font-size=\"9\">{}</text>\n",
-            top + plot - bh,
-            top + plot - bh - 3.0,
-            v[i],
-            top + plot + 14.0,
-            xml(FIGURE_NAMES[i].trim_end_matches("_mb_s"))
-        );
-    }
+    let bars = |s: &mut String,
+                x0: f64,
+                idx: &[usize],
+                height: &dyn Fn(f64) -> f64,
+                color: &str,
+                unit: &str| {
+        for (k, &i) in idx.iter().enumerate() {
+            let x = x0 + k as f64 * (bar + 14.0);
+            let bh = height(v[i]);
+            *s += &format!(
+                "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"{color}\"/>\n<text x=\"{x}\" y=\"{}\">{:.0}</text>\n<text x=\"{x}\" y=\"{}\" font-size=\"9\">{}</text>\n",
+                top + plot - bh,
+                top + plot - bh - 3.0,
+                v[i],
+                top + plot + 14.0,
+                xml(FIGURE_NAMES[i].trim_end_matches(unit))
+            );
+        }
+    };
+    bars(
+        &mut s,
+        20.0,
+        &mb_idx,
+        &|x| x / max_mb * plot,
+        "#3a7bd5",
+        "_mb_s",
+    );
     s += &format!(
         "<text x=\"20\" y=\"{}\">MB/s (linear)</text>\n",
         top + plot + 32.0
@@ -284,18 +299,14 @@ fn svg(e: &HistoryEntry) -> String {
         .map(|&i| v[i].max(1.0).log10())
         .fold(1.0, f64::max)
         .ceil();
-    for (k, &i) in ops_idx.iter().enumerate() {
-        let x = 400.0 + k as f64 * (bar + 14.0);
-        let bh = v[i].max(1.0).log10() / lmax * plot;
-        s += &format!(
-            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"#d5803a\"/>\n<text x=\"{x}\" y=\"{}\">{:.0}</text>\n<text x=\"{x}\" y=\"{}\" font-size=\"9\">{}</text>\n",
-            top + plot - bh,
-            top + plot - bh - 3.0,
-            v[i],
-            top + plot + 14.0,
-            xml(FIGURE_NAMES[i].trim_end_matches("_per_s"))
-        );
-    }
+    bars(
+        &mut s,
+        400.0,
+        &ops_idx,
+        &|x| x.max(1.0).log10() / lmax * plot,
+        "#d5803a",
+        "_per_s",
+    );
     s += &format!(
         "<text x=\"400\" y=\"{}\">operations/s (log axis, top = 10^{lmax})</text>\n</svg>\n",
         top + plot + 32.0
