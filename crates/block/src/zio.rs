@@ -140,6 +140,22 @@ impl BlockStore {
             .ok_or(BlockError::UnknownVdev(id))
     }
 
+    /// Space a block is charged in dataset accounting: each copy's allocated size deflated by
+    /// its vdev's parity overhead for a 128 KiB block (ZFS's vdev_deflate_ratio), so `used`
+    /// is in the same units as the pool's usable capacity. An unknown vdev counts in full.
+    pub fn dsize(&self, bp: &BlockPtr) -> u64 {
+        const REF: u64 = 128 << 10;
+        bp.dvas()
+            .map(|d| match self.vdev(d.vdev) {
+                Ok(v) => {
+                    let inflated = v.asize(REF).max(1);
+                    ((u128::from(d.asize) * u128::from(REF)) / u128::from(inflated)) as u64
+                }
+                Err(_) => d.asize,
+            })
+            .sum()
+    }
+
     pub fn vdevs(&self) -> Vec<Arc<TopVdev>> {
         self.vdevs.read().iter().flatten().cloned().collect()
     }

@@ -10,9 +10,10 @@ pub mod store;
 pub mod tree;
 
 pub use objset::{
-    ObjectInfo, ObjectSet, WritePolicy, FIRST_USER_KIND, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
+    ObjectInfo, ObjectSet, ObjsetMode, Space, SyncReport, WritePolicy, FIRST_USER_KIND,
+    MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
-pub use store::{ObjectStore, META_OBJSET, ROOT_OBJSET};
+pub use store::{HookContext, ObjectStore, SyncHook, META_OBJSET, ROOT_OBJSET};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -23,6 +24,8 @@ pub enum ObjectError {
     NoSuchObjset(u64),
     #[error("{0}")]
     Invalid(String),
+    #[error("read-only object set")]
+    ReadOnly,
     #[error("corrupt object metadata: {0}")]
     Corrupt(String),
     #[error(transparent)]
@@ -41,6 +44,7 @@ impl ObjectError {
         match self {
             Self::NoSuchObject(_) | Self::NoSuchObjset(_) => 2, // ENOENT
             Self::Invalid(_) => 22,                             // EINVAL
+            Self::ReadOnly => 30,                               // EROFS
             Self::Pool(p) => p.errno(),
             Self::Block(tank_block::BlockError::NoSpace) => 28,
             _ => 5, // EIO

@@ -23,7 +23,7 @@
 //! written by many threads, each change under its own transaction.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -63,6 +63,52 @@ const PREFETCH_STREAMS: usize = 64;
 const READ_PARALLEL: usize = 32;
 /// Items removed per tree operation batch while truncating.
 const TRUNCATE_BATCH: usize = 4096;
+
+/// How an object set may be changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjsetMode {
+    /// By transactions in open context (a dataset).
+    Normal,
+    /// Only by the pool itself in syncing context (the meta object set).
+    SyncOnly,
+    /// Never (a snapshot).
+    ReadOnly,
+}
+
+/// Space in dataset accounting units: `dsize` is allocated bytes deflated by parity
+/// (`BlockStore::dsize`), `lsize` logical bytes before compression.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Space {
+    pub dsize: u64,
+    pub lsize: u64,
+}
+
+impl Space {
+    pub fn of(blocks: &BlockStore, bp: &BlockPtr) -> Space {
+        Space {
+            dsize: blocks.dsize(bp),
+            lsize: u64::from(bp.lsize),
+        }
+    }
+
+    pub fn add(&mut self, other: Space) {
+        self.dsize += other.dsize;
+        self.lsize += other.lsize;
+    }
+}
+
+/// What one sync did to an object set's space, for the dataset layer's accounting.
+/// A block "killed" (replaced or removed) is freed when it was born after the latest
+/// snapshot, kept on the deadlist when a snapshot still references it, and dropped (left
+/// alone) when the origin snapshot of a clone owns it (ZFS's dsl_dataset_block_kill).
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    pub root: Option<BlockPtr>,
+    pub born: Space,
+    pub freed: Space,
+    pub dead: Vec<BlockPtr>,
+    pub dropped: Space,
+}
 
 /// Properties that decide how the blocks of an object set are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,12 +215,32 @@ impl NodeStore for ReadStore<'_> {
     }
 }
 
-/// The store a sync writes through: the txg, its batch, and the node write policy.
+/// The store a sync writes through: the txg, its batch, the node write policy, where killed
+/// blocks go (see `SyncReport`) and what the sync did to the object set's space.
 struct SyncStore<'a> {
     blocks: &'a BlockStore,
     txg: u64,
     batch: &'a Arc<IoBatch>,
     node_policy: WritePolicy,
+    prev_snap_txg: u64,
+    origin_txg: u64,
+    report: Mutex<SyncReport>,
+}
+
+impl SyncStore<'_> {
+    fn kill(&self, bp: &BlockPtr) -> Result<(), PoolError> {
+        let space = Space::of(self.blocks, bp);
+        let mut report = self.report.lock();
+        if bp.birth_txg > self.prev_snap_txg {
+            self.blocks.free(bp, self.txg)?;
+            report.freed.add(space);
+        } else if bp.birth_txg > self.origin_txg {
+            report.dead.push(*bp);
+        } else {
+            report.dropped.add(space);
+        }
+        Ok(())
+    }
 }
 
 impl NodeStore for SyncStore<'_> {
@@ -204,14 +270,15 @@ impl NodeStore for SyncStore<'_> {
                 }
             }
         };
-        self.blocks
+        let bp = self
+            .blocks
             .write(data, &props, self.txg, 1, self.batch)
-            .map_err(|e| TreeError::Store(e.to_string()))
+            .map_err(|e| TreeError::Store(e.to_string()))?;
+        self.report.lock().born.add(Space::of(self.blocks, &bp));
+        Ok(bp)
     }
     fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError> {
-        self.blocks
-            .free(bp, self.txg)
-            .map_err(|e| TreeError::Store(e.to_string()))
+        self.kill(bp).map_err(|e| TreeError::Store(e.to_string()))
     }
 }
 
@@ -241,6 +308,15 @@ pub struct ObjectSet {
     /// Serializes whole-object operations (writes, truncates) against each other.
     write_lock: Mutex<()>,
     prefetch: Mutex<Prefetch>,
+    mode: ObjsetMode,
+    /// Blocks born at or before this txg are still referenced by a snapshot.
+    prev_snap_txg: AtomicU64,
+    /// Blocks born at or before this txg belong to the origin snapshot (clones).
+    origin_txg: AtomicU64,
+    /// Bytes of data written in open context since the last quiesce, and those of the txg
+    /// being synced (for quota checks, until the sync's report is accounted).
+    dirty_bytes: AtomicU64,
+    syncing_bytes: AtomicU64,
 }
 
 /// Sequential streams being read and the blocks read ahead for them.
@@ -259,7 +335,12 @@ impl std::fmt::Debug for ObjectSet {
 }
 
 impl ObjectSet {
-    pub(crate) fn open(id: u64, blocks: Arc<BlockStore>, root: Option<BlockPtr>) -> Self {
+    pub(crate) fn open(
+        id: u64,
+        blocks: Arc<BlockStore>,
+        root: Option<BlockPtr>,
+        mode: ObjsetMode,
+    ) -> Self {
         Self {
             id,
             blocks,
@@ -273,7 +354,91 @@ impl ObjectSet {
             dirty: AtomicBool::new(false),
             write_lock: Mutex::new(()),
             prefetch: Mutex::new(Prefetch::default()),
+            mode,
+            prev_snap_txg: AtomicU64::new(0),
+            origin_txg: AtomicU64::new(0),
+            dirty_bytes: AtomicU64::new(0),
+            syncing_bytes: AtomicU64::new(0),
         }
+    }
+
+    pub fn mode(&self) -> ObjsetMode {
+        self.mode
+    }
+
+    /// Where blocks killed from now on go (see `SyncReport`): kept for snapshots when born at
+    /// or before `prev_snap_txg`, left to the origin when born at or before `origin_txg`.
+    pub fn set_snapshot_txgs(&self, prev_snap_txg: u64, origin_txg: u64) {
+        assert!(
+            origin_txg <= prev_snap_txg,
+            "origin after the latest snapshot"
+        );
+        self.prev_snap_txg.store(prev_snap_txg, Ordering::Release);
+        self.origin_txg.store(origin_txg, Ordering::Release);
+    }
+
+    pub fn prev_snap_txg(&self) -> u64 {
+        self.prev_snap_txg.load(Ordering::Acquire)
+    }
+
+    /// Data bytes written that no sync report has accounted for yet.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes.load(Ordering::Acquire) + self.syncing_bytes.load(Ordering::Acquire)
+    }
+
+    /// Refuses changes in open context to the meta object set and to snapshots.
+    fn open_context(&self) -> Result<(), ObjectError> {
+        match self.mode {
+            ObjsetMode::Normal => Ok(()),
+            ObjsetMode::SyncOnly => Err(ObjectError::Invalid(format!(
+                "object set {} is changed only by the pool itself",
+                self.id
+            ))),
+            ObjsetMode::ReadOnly => Err(ObjectError::ReadOnly),
+        }
+    }
+
+    fn syncing_context(&self) {
+        assert_eq!(
+            self.mode,
+            ObjsetMode::SyncOnly,
+            "syncing-context change to object set {}",
+            self.id
+        );
+    }
+
+    /// Sets an item of the meta object set (syncing context only).
+    pub fn put_item_syncing(
+        &self,
+        obj: u64,
+        kind: u8,
+        offset: u64,
+        value: &[u8],
+    ) -> Result<(), ObjectError> {
+        self.syncing_context();
+        Self::check_item(kind, value)?;
+        self.tree_insert(key(obj, kind, offset), Self::inline(value))
+    }
+
+    /// Removes an item of the meta object set (syncing context only).
+    pub fn remove_item_syncing(&self, obj: u64, kind: u8, offset: u64) -> Result<(), ObjectError> {
+        self.syncing_context();
+        self.tree_remove(&key(obj, kind, offset))
+    }
+
+    fn check_item(kind: u8, value: &[u8]) -> Result<(), ObjectError> {
+        if kind < FIRST_USER_KIND {
+            return Err(ObjectError::Invalid(format!(
+                "item kind {kind} is reserved"
+            )));
+        }
+        if value.len() > crate::tree::MAX_INLINE {
+            return Err(ObjectError::Invalid(format!(
+                "item of {} bytes is too large",
+                value.len()
+            )));
+        }
+        Ok(())
     }
 
     pub fn set_policy(&self, policy: WritePolicy) {
@@ -346,17 +511,8 @@ impl ObjectSet {
         offset: u64,
         value: &[u8],
     ) -> Result<(), ObjectError> {
-        if kind < FIRST_USER_KIND {
-            return Err(ObjectError::Invalid(format!(
-                "item kind {kind} is reserved"
-            )));
-        }
-        if value.len() > crate::tree::MAX_INLINE {
-            return Err(ObjectError::Invalid(format!(
-                "item of {} bytes is too large",
-                value.len()
-            )));
-        }
+        self.open_context()?;
+        Self::check_item(kind, value)?;
         self.tree_insert(key(obj, kind, offset), Self::inline(value))
     }
 
@@ -367,6 +523,7 @@ impl ObjectSet {
         kind: u8,
         offset: u64,
     ) -> Result<(), ObjectError> {
+        self.open_context()?;
         self.tree_remove(&key(obj, kind, offset))
     }
 
@@ -431,6 +588,7 @@ impl ObjectSet {
                 "block size {block_size} is not a power of two from 512 B to 16 MiB"
             )));
         }
+        self.open_context()?;
         let _w = self.write_lock.lock();
         let id = self.next_object()?;
         self.tree_insert(key(0, KIND_META, 0), Self::inline(&(id + 1).to_le_bytes()))?;
@@ -650,6 +808,7 @@ impl ObjectSet {
         offset: u64,
         data: &[u8],
     ) -> Result<(), ObjectError> {
+        self.open_context()?;
         let _w = self.write_lock.lock();
         let mut info = self.stat(obj)?;
         let end = offset
@@ -678,11 +837,14 @@ impl ObjectSet {
         }
         info.size = new_size;
         info.modified_txg = tx.txg;
+        self.dirty_bytes
+            .fetch_add(data.len() as u64, Ordering::AcqRel);
         self.put_info(&info)
     }
 
     /// Sets the object's size; blocks past it are freed, the last one trimmed.
     pub fn truncate(&self, tx: &Tx<'_>, obj: u64, size: u64) -> Result<(), ObjectError> {
+        self.open_context()?;
         let _w = self.write_lock.lock();
         let mut info = self.stat(obj)?;
         let bs = u64::from(info.block_size);
@@ -724,6 +886,7 @@ impl ObjectSet {
 
     /// Frees an object and all its blocks and items.
     pub fn free_object(&self, _tx: &Tx<'_>, obj: u64) -> Result<(), ObjectError> {
+        self.open_context()?;
         let _w = self.write_lock.lock();
         self.stat(obj)?;
         let end = match obj.checked_add(1) {
@@ -743,6 +906,10 @@ impl ObjectSet {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return;
         }
+        self.syncing_bytes.store(
+            self.dirty_bytes.swap(0, Ordering::AcqRel),
+            Ordering::Release,
+        );
         let (snapshot, obsolete) = self.tree.lock().snapshot();
         let frees = std::mem::take(&mut *self.open_frees.lock());
         let created = std::mem::take(&mut *self.open_created.lock());
@@ -760,9 +927,12 @@ impl ObjectSet {
         blocks: &BlockStore,
         txg: u64,
         batch: &Arc<IoBatch>,
-    ) -> Result<Option<BlockPtr>, PoolError> {
+    ) -> Result<SyncReport, PoolError> {
         let Some(frozen) = self.frozen.lock().take() else {
-            return Ok(self.root());
+            return Ok(SyncReport {
+                root: self.root(),
+                ..SyncReport::default()
+            });
         };
         assert_eq!(
             frozen.txg, txg,
@@ -774,6 +944,9 @@ impl ObjectSet {
             txg,
             batch,
             node_policy: self.policy(),
+            prev_snap_txg: self.prev_snap_txg(),
+            origin_txg: self.origin_txg.load(Ordering::Acquire),
+            report: Mutex::new(SyncReport::default()),
         };
         let root = frozen
             .snapshot
@@ -781,12 +954,34 @@ impl ObjectSet {
             .map_err(|e| PoolError::Corrupt(format!("object set {}: {e}", self.id)))?;
         for r in frozen.frees {
             if let Some(bp) = r.bp() {
-                blocks.free(&bp, txg)?;
+                store.kill(&bp)?;
             }
         }
         *self.written.lock() = frozen.created;
         *self.root.lock() = root;
-        Ok(root)
+        let mut report = store.report.into_inner();
+        report.root = root;
+        self.syncing_bytes.store(0, Ordering::Release);
+        Ok(report)
+    }
+
+    /// Replaces the whole live tree with the committed tree at `root` (rollback, in syncing
+    /// context after this object set's own sync). Changes of the open txg are discarded; the
+    /// caller frees what only the discarded version referenced.
+    pub(crate) fn reset_to(&self, root: Option<BlockPtr>) {
+        assert!(
+            self.frozen.lock().is_none(),
+            "object set {} reset before its sync",
+            self.id
+        );
+        let _w = self.write_lock.lock();
+        *self.tree.lock() = CowTree::open(root);
+        self.open_frees.lock().clear();
+        self.open_created.lock().clear();
+        *self.prefetch.lock() = Prefetch::default();
+        *self.root.lock() = root;
+        self.dirty.store(false, Ordering::Release);
+        self.dirty_bytes.store(0, Ordering::Release);
     }
 
     /// Called once the writes of the last sync completed: data blocks can now be read from

@@ -2,28 +2,65 @@
 //!
 //! # Theory of operation
 //! `ObjectStore::open` registers itself with the pool as its syncer and opens every object set
-//! in the pool's objset table (object set 0 is reserved for pool metadata such as the
-//! dataset directory; object set 1 is created with the pool as the root dataset's).
-//! At quiesce each dirty object set freezes its tree; at sync each writes its frozen tree and
-//! the store returns the objset table for the commit.
+//! in the pool's objset table. Object set 0 is the meta object set: the pool's own metadata
+//! (the dataset directory, deadlists), changed only in syncing context. Object set 1 is
+//! created with the pool as the root dataset's.
+//!
+//! A txg's sync runs in this order (ZFS's spa_sync, simplified):
+//! 1. every dataset object set writes the tree it froze at quiesce and reports what it did
+//!    to its space (`SyncReport`: born, freed, deadlisted, dropped blocks);
+//! 2. the sync hook (the dataset layer) accounts those reports, appends deadlists and runs
+//!    the sync tasks of the txg (create, destroy, snapshot, clone, rollback), changing the
+//!    meta object set and the objset table;
+//! 3. the meta object set freezes and writes last, so everything the hook changed commits
+//!    in this same txg;
+//! 4. the objset table goes to the pool's commit.
+//!
+//! # Concurrency
+//! `objsets` is read-locked by readers and the sync, write-locked only to add or remove an
+//! object set (in syncing context, or by `create_objset` under a transaction).
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-use tank_block::BlockPtr;
+use parking_lot::{Mutex, RwLock};
+use tank_block::{BlockPtr, BlockStore};
 use tank_pool::{Pool, PoolError, SyncContext, Syncer, Tx};
+use tank_vdev::IoBatch;
 
-use crate::objset::{ObjectSet, ObjsetMap};
+use crate::objset::{ObjectSet, ObjsetMap, ObjsetMode, ReadStore, Space, SyncReport};
+use crate::tree::CowTree;
 use crate::ObjectError;
 
 pub const META_OBJSET: u64 = 0;
 pub const ROOT_OBJSET: u64 = 1;
 
+/// The layer above's part of every sync (see the module documentation, step 2).
+pub trait SyncHook: Send + Sync {
+    /// Called at quiesce of `txg` (cheap: take the work queued for it).
+    fn quiesce(&self, txg: u64);
+    /// Called in syncing context after the dataset object sets wrote their trees.
+    fn sync(&self, ctx: &HookContext<'_>) -> Result<(), PoolError>;
+    /// Whether the hook has work queued (a sync must happen).
+    fn is_dirty(&self) -> bool;
+}
+
+/// What the sync hook gets: the txg, the store, and each object set's report.
+pub struct HookContext<'a> {
+    pub txg: u64,
+    pub blocks: &'a BlockStore,
+    pub batch: &'a Arc<IoBatch>,
+    pub store: &'a ObjectStore,
+    pub reports: BTreeMap<u64, SyncReport>,
+}
+
 pub struct ObjectStore {
     pool: Arc<Pool>,
     objsets: RwLock<ObjsetMap>,
-    /// Object sets created in the open txg that have no root yet still belong in the table.
-    dirty_table: std::sync::atomic::AtomicBool,
+    /// Object sets created or removed since the last sync: the table must be committed.
+    dirty_table: AtomicBool,
+    hook: Mutex<Option<Arc<dyn SyncHook>>>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -36,19 +73,31 @@ impl ObjectStore {
     /// Opens the object sets of `pool` and becomes its syncer. A pool without object sets
     /// (just created) gets the meta and root object sets.
     pub fn open(pool: Arc<Pool>) -> Result<Arc<Self>, ObjectError> {
+        let mode = |id| {
+            if id == META_OBJSET {
+                ObjsetMode::SyncOnly
+            } else {
+                ObjsetMode::Normal
+            }
+        };
         let mut map = ObjsetMap::new();
         for (id, root) in pool.objsets() {
-            map.insert(id, Arc::new(ObjectSet::open(id, pool.blocks.clone(), root)));
+            map.insert(
+                id,
+                Arc::new(ObjectSet::open(id, pool.blocks.clone(), root, mode(id))),
+            );
         }
         let fresh = map.is_empty();
         for id in [META_OBJSET, ROOT_OBJSET] {
-            map.entry(id)
-                .or_insert_with(|| Arc::new(ObjectSet::open(id, pool.blocks.clone(), None)));
+            map.entry(id).or_insert_with(|| {
+                Arc::new(ObjectSet::open(id, pool.blocks.clone(), None, mode(id)))
+            });
         }
         let store = Arc::new(Self {
             pool: pool.clone(),
             objsets: RwLock::new(map),
-            dirty_table: std::sync::atomic::AtomicBool::new(fresh),
+            dirty_table: AtomicBool::new(fresh),
+            hook: Mutex::new(None),
         });
         pool.set_syncer(store.clone());
         if fresh {
@@ -59,6 +108,15 @@ impl ObjectStore {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    pub fn blocks(&self) -> &Arc<BlockStore> {
+        &self.pool.blocks
+    }
+
+    /// Installs the layer above's sync hook (once, before its first sync task).
+    pub fn set_hook(&self, hook: Arc<dyn SyncHook>) {
+        *self.hook.lock() = Some(hook);
     }
 
     pub fn objset(&self, id: u64) -> Result<Arc<ObjectSet>, ObjectError> {
@@ -73,19 +131,99 @@ impl ObjectStore {
         self.objsets.read().keys().copied().collect()
     }
 
+    fn next_id(map: &ObjsetMap) -> u64 {
+        map.keys()
+            .next_back()
+            .map(|k| k + 1)
+            .unwrap_or(ROOT_OBJSET + 1)
+    }
+
     /// Creates a new, empty object set (committed with the open txg).
     pub fn create_objset(&self, _tx: &Tx<'_>) -> Result<Arc<ObjectSet>, ObjectError> {
         let mut map = self.objsets.write();
-        let id = map
-            .keys()
-            .next_back()
-            .map(|k| k + 1)
-            .unwrap_or(ROOT_OBJSET + 1);
-        let os = Arc::new(ObjectSet::open(id, self.pool.blocks.clone(), None));
+        let id = Self::next_id(&map);
+        let os = Arc::new(ObjectSet::open(
+            id,
+            self.pool.blocks.clone(),
+            None,
+            ObjsetMode::Normal,
+        ));
         map.insert(id, os.clone());
-        self.dirty_table
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.dirty_table.store(true, Ordering::Release);
         Ok(os)
+    }
+
+    /// Creates an object set in syncing context, empty or sharing the committed tree at
+    /// `root` (a clone), with its snapshot txgs set.
+    pub fn create_objset_syncing(
+        &self,
+        root: Option<BlockPtr>,
+        prev_snap_txg: u64,
+        origin_txg: u64,
+    ) -> Arc<ObjectSet> {
+        let mut map = self.objsets.write();
+        let id = Self::next_id(&map);
+        let os = Arc::new(ObjectSet::open(
+            id,
+            self.pool.blocks.clone(),
+            root,
+            ObjsetMode::Normal,
+        ));
+        os.set_snapshot_txgs(prev_snap_txg, origin_txg);
+        map.insert(id, os.clone());
+        self.dirty_table.store(true, Ordering::Release);
+        os
+    }
+
+    /// Removes an object set from the table in syncing context; the caller frees its
+    /// blocks (`free_born_after`). Its root as of this txg's sync is returned.
+    pub fn remove_objset_syncing(&self, id: u64) -> Result<Option<BlockPtr>, ObjectError> {
+        assert!(id != META_OBJSET, "the meta object set cannot be removed");
+        let os = self
+            .objsets
+            .write()
+            .remove(&id)
+            .ok_or(ObjectError::NoSuchObjset(id))?;
+        self.dirty_table.store(true, Ordering::Release);
+        Ok(os.root())
+    }
+
+    /// Rolls an object set back to the committed tree at `root` in syncing context.
+    pub fn reset_objset_syncing(&self, id: u64, root: Option<BlockPtr>) -> Result<(), ObjectError> {
+        self.objset(id)?.reset_to(root);
+        self.dirty_table.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// A read-only object set over the committed tree at `root` (a snapshot), outside the
+    /// table: it is never synced.
+    pub fn open_snapshot(&self, id: u64, root: Option<BlockPtr>) -> Arc<ObjectSet> {
+        Arc::new(ObjectSet::open(
+            id,
+            self.pool.blocks.clone(),
+            root,
+            ObjsetMode::ReadOnly,
+        ))
+    }
+
+    /// Frees, in `txg`, every block of the committed tree at `root` born after `min_txg`
+    /// (what no snapshot or origin shares), and returns the space freed.
+    pub fn free_born_after(
+        &self,
+        root: Option<BlockPtr>,
+        min_txg: u64,
+        txg: u64,
+    ) -> Result<Space, ObjectError> {
+        let blocks = &self.pool.blocks;
+        let mut found = Vec::new();
+        CowTree::open(root)
+            .walk_born_after(&ReadStore { blocks }, min_txg, &mut |bp, _| found.push(*bp))?;
+        let mut space = Space::default();
+        for bp in found {
+            space.add(Space::of(blocks, &bp));
+            blocks.free(&bp, txg)?;
+        }
+        Ok(space)
     }
 
     /// Starts a transaction charged with `bytes` of new data.
@@ -97,35 +235,69 @@ impl ObjectStore {
     pub fn sync(&self) -> Result<(), ObjectError> {
         Ok(self.pool.wait_synced()?)
     }
+
+    fn hook(&self) -> Option<Arc<dyn SyncHook>> {
+        self.hook.lock().clone()
+    }
 }
 
 impl Syncer for ObjectStore {
     fn quiesce(&self, txg: u64) {
         for os in self.objsets.read().values() {
-            os.quiesce(txg);
+            // The meta object set freezes at the end of the sync (see the module docs).
+            if os.id != META_OBJSET {
+                os.quiesce(txg);
+            }
+        }
+        if let Some(hook) = self.hook() {
+            hook.quiesce(txg);
         }
     }
 
     fn sync(&self, ctx: &SyncContext<'_>) -> Result<Vec<(u64, Option<BlockPtr>)>, PoolError> {
-        self.dirty_table
-            .store(false, std::sync::atomic::Ordering::Release);
-        let objsets: Vec<Arc<ObjectSet>> = self.objsets.read().values().cloned().collect();
-        let mut table = Vec::with_capacity(objsets.len());
+        self.dirty_table.store(false, Ordering::Release);
+        let objsets: Vec<Arc<ObjectSet>> = self
+            .objsets
+            .read()
+            .values()
+            .filter(|o| o.id != META_OBJSET)
+            .cloned()
+            .collect();
+        let mut reports = BTreeMap::new();
         for os in &objsets {
-            let root = os.sync(ctx.blocks, ctx.txg, ctx.batch)?;
-            table.push((os.id, root));
+            reports.insert(os.id, os.sync(ctx.blocks, ctx.txg, ctx.batch)?);
         }
+        if let Some(hook) = self.hook() {
+            hook.sync(&HookContext {
+                txg: ctx.txg,
+                blocks: ctx.blocks,
+                batch: ctx.batch,
+                store: self,
+                reports,
+            })?;
+        } else {
+            // No dataset layer: killed blocks a snapshot would keep cannot exist.
+            debug_assert!(reports.values().all(|r| r.dead.is_empty()));
+        }
+        let meta = self
+            .objset(META_OBJSET)
+            .map_err(|e| PoolError::Corrupt(e.to_string()))?;
+        meta.quiesce(ctx.txg);
+        meta.sync(ctx.blocks, ctx.txg, ctx.batch)?;
+        let all: Vec<Arc<ObjectSet>> = self.objsets.read().values().cloned().collect();
+        let table = all.iter().map(|os| (os.id, os.root())).collect();
         // Wait for the writes (the pool checks the failures), then let go of the bytes.
         let _ = ctx.batch.wait();
         ctx.blocks.check_writable()?;
-        for os in &objsets {
+        for os in &all {
             os.writes_completed();
         }
         Ok(table)
     }
 
     fn is_dirty(&self) -> bool {
-        self.dirty_table.load(std::sync::atomic::Ordering::Acquire)
+        self.dirty_table.load(Ordering::Acquire)
             || self.objsets.read().values().any(|o| o.is_dirty())
+            || self.hook().is_some_and(|h| h.is_dirty())
     }
 }

@@ -503,6 +503,19 @@ impl CowTree {
     }
 }
 
+impl CowTree {
+    /// Visits every written node and data block born after `min_txg` (see
+    /// `read::walk_born_after`); unwritten parts of a live tree are not visited.
+    pub fn walk_born_after(
+        &self,
+        store: &dyn NodeStore,
+        min_txg: u64,
+        visit: &mut dyn FnMut(&BlockPtr, BlockUse),
+    ) -> Result<(), TreeError> {
+        read::walk_born_after(store, self.root.as_ref(), min_txg, visit)
+    }
+}
+
 impl fmt::Debug for CowTree {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CowTree")

@@ -225,6 +225,64 @@ pub(super) fn check(
     Ok(stats)
 }
 
+/// Visits every written node and data block born after `min_txg`, skipping whole subtrees
+/// whose node was born at or before it: copy-on-write means nothing below an old node is
+/// newer (ZFS's traverse with a minimum birth txg). Used to free what only one dataset owns.
+pub(super) fn walk_born_after(
+    store: &dyn NodeStore,
+    root: Option<&Arc<NodeRef>>,
+    min_txg: u64,
+    visit: &mut dyn FnMut(&BlockPtr, BlockUse),
+) -> Result<(), TreeError> {
+    if let Some(root) = root {
+        walk_below(store, root, &Expect::ROOT, min_txg, visit)?;
+    }
+    Ok(())
+}
+
+fn walk_below(
+    store: &dyn NodeStore,
+    nref: &NodeRef,
+    expect: &Expect,
+    min_txg: u64,
+    visit: &mut dyn FnMut(&BlockPtr, BlockUse),
+) -> Result<(), TreeError> {
+    if let Some(bp) = nref.bp.get() {
+        if bp.birth_txg <= min_txg {
+            return Ok(());
+        }
+    }
+    let node = load(store, nref, expect)?;
+    if let Some(bp) = nref.bp.get() {
+        visit(
+            bp,
+            BlockUse::Node {
+                level: node.level(),
+            },
+        );
+    }
+    match &node.body {
+        Body::Leaf(items) => {
+            for (_, value) in items {
+                if let Value::Block(block) = value {
+                    if let Some(bp) = block.bp() {
+                        if bp.birth_txg > min_txg {
+                            visit(&bp, BlockUse::Data);
+                        }
+                    }
+                }
+            }
+        }
+        Body::Internal(children) => {
+            for index in 0..children.len() {
+                let child_expect = Expect::child(&node, index, expect.upper);
+                walk_below(store, &children[index].1, &child_expect, min_txg, visit)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy)]
 struct Place {
     root: bool,
