@@ -2,9 +2,22 @@
 //! properties, snapshots and clones, and the POSIX layer the front ends serve.
 //!
 //! # Theory of operation
-//! `posix` is the filesystem on one object set; `errno` is its error type.
+//! - `dsl.rs`: the dataset directory in the meta object set, sync tasks (create, destroy,
+//!   snapshot, clone, rollback, rename, set), block lifetimes with deadlists, accounting.
+//! - `props.rs`: every property, its parsing, defaults and inheritance.
+//! - `posix/`: the filesystem on one object set; `hooks.rs` feeds it the dataset's
+//!   properties and space.
+//! - `zvol.rs`: volumes.
+//! - `errno.rs`: the POSIX error type.
 
+pub mod dsl;
 pub mod errno;
+pub mod hooks;
 pub mod posix;
+pub mod props;
+pub mod zvol;
 
+pub use dsl::{DatasetInfo, DatasetKind, Dsl, DslError, Op, Record};
 pub use errno::Errno;
+pub use hooks::DsHooks;
+pub use zvol::Volume;

@@ -206,6 +206,19 @@ impl ObjectStore {
         ))
     }
 
+    /// Every block of the committed tree at `root` born after `min_txg` (nodes and data).
+    pub fn blocks_born_after(
+        &self,
+        root: Option<BlockPtr>,
+        min_txg: u64,
+    ) -> Result<Vec<BlockPtr>, ObjectError> {
+        let blocks = &self.pool.blocks;
+        let mut found = Vec::new();
+        CowTree::open(root)
+            .walk_born_after(&ReadStore { blocks }, min_txg, &mut |bp, _| found.push(*bp))?;
+        Ok(found)
+    }
+
     /// Frees, in `txg`, every block of the committed tree at `root` born after `min_txg`
     /// (what no snapshot or origin shares), and returns the space freed.
     pub fn free_born_after(
@@ -215,11 +228,8 @@ impl ObjectStore {
         txg: u64,
     ) -> Result<Space, ObjectError> {
         let blocks = &self.pool.blocks;
-        let mut found = Vec::new();
-        CowTree::open(root)
-            .walk_born_after(&ReadStore { blocks }, min_txg, &mut |bp, _| found.push(*bp))?;
         let mut space = Space::default();
-        for bp in found {
+        for bp in self.blocks_born_after(root, min_txg)? {
             space.add(Space::of(blocks, &bp));
             blocks.free(&bp, txg)?;
         }

@@ -274,9 +274,9 @@ fn walk_below(
             }
         }
         Body::Internal(children) => {
-            for index in 0..children.len() {
+            for (index, (_, child)) in children.iter().enumerate() {
                 let child_expect = Expect::child(&node, index, expect.upper);
-                walk_below(store, &children[index].1, &child_expect, min_txg, visit)?;
+                walk_below(store, child, &child_expect, min_txg, visit)?;
             }
         }
     }
