@@ -1481,6 +1481,13 @@ impl Dsl {
         }
         let local = Self::check_new_props(kind, props)?;
         self.check_parent(st, name, parents)?;
+        let resv: u64 = ["reservation", "refreservation"]
+            .iter()
+            .filter_map(|k| local.get(*k).and_then(|v| v.parse::<u64>().ok()))
+            .sum();
+        if resv > 0 {
+            self.check_reservation(st, 0, resv, name)?;
+        }
         let n = split_name(name);
         let mut cur = ROOT_ID;
         let mut created = Vec::new();
@@ -1980,6 +1987,25 @@ impl Dsl {
         Ok(vec![id])
     }
 
+    /// Refuses a reservation growth of `grow` bytes the pool's free space (less others'
+    /// unused reservations) cannot back.
+    fn check_reservation(&self, st: &State, id: u64, grow: u64, name: &str) -> Res<()> {
+        let space = self.store.pool().space();
+        let usable_free = if space.size == 0 {
+            0
+        } else {
+            ((u128::from(space.free) * u128::from(space.usable)) / u128::from(space.size)) as u64
+        };
+        let except: BTreeSet<u64> = [id].into_iter().collect();
+        if grow > usable_free.saturating_sub(st.unused_reservations(&except)) {
+            return Err(DslError::NoSpace(format!(
+                "cannot reserve {} for '{name}': not enough free space in the pool",
+                props::human(grow)
+            )));
+        }
+        Ok(())
+    }
+
     fn op_set(
         &self,
         st: &mut State,
@@ -2055,20 +2081,7 @@ impl Dsl {
         let grow_resv = get("reservation").saturating_sub(st.prop_u64(id, "reservation"))
             + get("refreservation").saturating_sub(st.prop_u64(id, "refreservation"));
         if grow_resv > 0 {
-            // Checked against the space others leave free.
-            let space = self.store.pool().space();
-            let usable_free = if space.size == 0 {
-                0
-            } else {
-                ((u128::from(space.free) * u128::from(space.usable)) / u128::from(space.size))
-                    as u64
-            };
-            let except: BTreeSet<u64> = [id].into_iter().collect();
-            if grow_resv > usable_free.saturating_sub(st.unused_reservations(&except)) {
-                return Err(DslError::NoSpace(format!(
-                    "cannot set reservation on '{name}': not enough free space in the pool"
-                )));
-            }
+            self.check_reservation(st, id, grow_resv, name)?;
         }
         st.rec_mut(id)?.props = new_props;
         // Write policies of this dataset and of every descendant that inherits.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets, Table};
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec, PoolStatus, VdevStatus};
@@ -182,7 +182,7 @@ fn create(a: CreateArgs) -> Result<()> {
 /// pool in the cache file and closes it; returns its status.
 fn register(pool: &std::sync::Arc<Pool>) -> Result<PoolStatus> {
     pool.log_history(&crate::command_line());
-    let store = tank_object::ObjectStore::open(pool.clone()).context("cannot open object sets")?;
+    let (store, _dsl) = crate::pools::open_datasets(pool)?;
     store.sync()?;
     let mut cache = PoolCache::load(&data_dir())?;
     cache.upsert(cache_entry(pool));

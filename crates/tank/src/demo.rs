@@ -49,7 +49,7 @@ pub fn ensure_default_pool() -> Result<bool> {
     let devices = open_for_create(&names, Some(DEFAULT_DEVICE_SIZE))?;
     let (pool, _) = Pool::create(DEFAULT_POOL, &spec, &devices, &CreateOptions::default())?;
     pool.log_history("tank demo (create the default pool)");
-    let store = tank_object::ObjectStore::open(pool.clone())?;
+    let (store, _dsl) = crate::pools::open_datasets(&pool)?;
     store.sync()?;
     let mut cache = PoolCache::load(&dir)?;
     cache.upsert(cache_entry(&pool));

@@ -7,6 +7,7 @@
 //! a non-zero exit; nothing panics on bad input.
 
 mod bench;
+mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
 mod datadir;
@@ -40,6 +41,15 @@ enum Command {
     /// Pools: create, list, status, import, export, destroy, iostat, history.
     #[command(subcommand)]
     Pool(cmd_pool::PoolCmd),
+    /// Datasets: create, list, get, set, inherit, rename, destroy (the zfs vocabulary).
+    #[command(subcommand)]
+    Dataset(cmd_dataset::DatasetCmd),
+    /// Take snapshots: DATASET@NAME... (-r for every descendant, atomically).
+    Snapshot(cmd_dataset::SnapshotArgs),
+    /// Roll a dataset back to a snapshot.
+    Rollback(cmd_dataset::RollbackArgs),
+    /// Create a writable clone of a snapshot.
+    Clone(cmd_dataset::CloneArgs),
     /// Inspect on-disk structures and exercise the engine (in the spirit of zdb).
     #[command(subcommand)]
     Debug(cmd_debug::DebugCmd),
@@ -59,6 +69,10 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pool(c) => cmd_pool::run(c),
+        Command::Dataset(c) => cmd_dataset::run(c),
+        Command::Snapshot(a) => cmd_dataset::snapshot(a),
+        Command::Rollback(a) => cmd_dataset::rollback(a),
+        Command::Clone(a) => cmd_dataset::clone(a),
         Command::Debug(c) => cmd_debug::run(c),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => fsbench::run(a),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use tank_dataset::Dsl;
 use tank_device::{DeviceRef, FileDevice, FileDeviceOptions};
 use tank_object::ObjectStore;
 use tank_pool::{ImportOptions, Pool};
@@ -16,6 +17,15 @@ use crate::datadir::{data_dir, CachedPool, PoolCache};
 pub struct Opened {
     pub pool: Arc<Pool>,
     pub store: Arc<ObjectStore>,
+    pub dsl: Arc<Dsl>,
+}
+
+/// Opens the object sets and the dataset directory of a pool. Every path that writes to a
+/// pool goes through here, so blocks that snapshots reference are never freed.
+pub fn open_datasets(pool: &Arc<Pool>) -> Result<(Arc<ObjectStore>, Arc<Dsl>)> {
+    let store = ObjectStore::open(pool.clone()).context("cannot open object sets")?;
+    let dsl = Dsl::open(store.clone()).context("cannot open the dataset directory")?;
+    Ok((store, dsl))
 }
 
 impl Opened {
@@ -115,8 +125,8 @@ pub fn open_pool(name: &str) -> Result<Opened> {
     for p in &problems {
         eprintln!("warning: {p}");
     }
-    let store = ObjectStore::open(pool.clone())?;
-    Ok(Opened { pool, store })
+    let (store, dsl) = open_datasets(&pool)?;
+    Ok(Opened { pool, store, dsl })
 }
 
 /// Every file in `dirs` large enough to be a member device, opened for import.
