@@ -1,0 +1,1247 @@
+//! The FUSE operations: each request the kernel sends, mapped onto `Fs`.
+//!
+//! # Theory of operation
+//! `Server` is fuser's `Filesystem`. Every handler decodes the node id (`nodes.rs`), builds
+//! the caller's credentials (`cred.rs`), calls the `Fs` of the node's slot and replies;
+//! `Fs` errors go on the wire unchanged (`Errno` values are Linux errnos). Handlers run on
+//! several session threads at once; `Server` holds no lock of its own except the slot
+//! table's and the credential cache's, both short.
+//!
+//! # What the kernel does and what we do
+//! - Permissions: the mount has no `default_permissions`; `Fs` checks every operation with
+//!   the caller's uid, gid and supplementary groups. The kernel still checks execute bits
+//!   of regular files itself, and the sticky bit on removal.
+//! - umask: we do not ask for FUSE_DONT_MASK, so the kernel applies the umask to the mode
+//!   of mkdir/mknod/create; we apply the `umask` field of the request again, which changes
+//!   nothing when it was applied already and is exact if it was not.
+//! - O_TRUNC arrives as `setattr(size = 0)` before the open (no FUSE_ATOMIC_O_TRUNC).
+//! - create = `Fs::mknod` + `Fs::open`; the open of a file just created skips the
+//!   permission check (POSIX: `open(O_CREAT|O_RDWR, 0444)` succeeds for its creator).
+//! - Writeback cache (when negotiated): the kernel buffers writes and sends them later
+//!   marked FUSE_WRITE_CACHE, with no meaningful credentials: those run as root and never
+//!   append (the kernel chose the offset, O_APPEND included). It also flushes the mtime it
+//!   kept (`setattr` of mtime and ctime) on fsync and writeback with whatever credentials
+//!   the flushing thread has; when `Fs` refuses that for a non-owner, the flush is
+//!   answered with the current attributes (the write already set mtime in `Fs`).
+//! - Set-uid/set-gid clearing: we ask for FUSE_HANDLE_KILLPRIV_V2, which makes it ours: the
+//!   kernel flags a write by a caller without CAP_FSETID (`FUSE_WRITE_KILL_SUIDGID`, and
+//!   such writes bypass the writeback cache), and expects a truncate by such a caller
+//!   (uid ≠ 0 here) and any chown of a non-directory to clear the bits. We clear S_ISUID,
+//!   and S_ISGID when group-execute is set, as the kernel would. On kernels without v2 the
+//!   kernel sends that clearing as a `setattr(mode)` with the writer's credentials, which a
+//!   non-owner may not do: such a mode change that only drops those bits is done for any
+//!   caller with write access.
+//! - Snapshots (slots ≠ 0) and the virtual directories refuse every change with EROFS;
+//!   their files are opened with FOPEN_KEEP_CACHE and their directories with
+//!   FOPEN_CACHE_DIR, since they never change. Live files keep close-to-open consistency
+//!   (the page cache is dropped at open).
+//! - copy_file_range, lseek (SEEK_DATA/SEEK_HOLE), poll and locks are left to the kernel's
+//!   generic code (ENOSYS, or no capability asked).
+
+use std::ffi::OsStr;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents,
+    PollFlags, PollNotifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tank_dataset::posix::{
+    Attr, Cred, DirEntry, FileKind, Fs, Ino, RenameFlags, SetAttr, TimeSet, XattrMode, ROOT_INO,
+};
+use tank_dataset::Errno;
+
+use crate::attr::{file_attr, file_type, statfs_args, timespec_from_request, virtual_dir_attr};
+use crate::cred::CredCache;
+use crate::nodes::{
+    encode, Node, Pin, Slots, CONTROL_NODE, INO_BITS, INO_MASK, LIVE_SLOT, SNAPDIR_NODE,
+    VIRTUAL_SLOT,
+};
+use crate::options::MountOptions;
+use crate::SnapshotSource;
+
+/// The name of the virtual directory at the root of the live filesystem.
+pub const CONTROL_NAME: &str = ".tank";
+/// Its one entry.
+pub const SNAPSHOT_DIR_NAME: &str = "snapshot";
+
+/// Largest write the kernel may send in one request, and the readahead we ask for.
+const MAX_IO_BYTES: u32 = 1 << 20;
+/// Background requests (readahead, writeback) the kernel may have in flight.
+const MAX_BACKGROUND: u16 = 64;
+/// Smallest `fuse_dirent` (24-byte header, name padded to 8) and `fuse_direntplus`
+/// (128-byte entry + dirent): how many entries a reply buffer can hold at most.
+const DIRENT_MIN_BYTES: usize = 32;
+const DIRENTPLUS_MIN_BYTES: usize = 160;
+
+type Result<T> = std::result::Result<T, Errno>;
+
+fn wire(e: Errno) -> fuser::Errno {
+    fuser::Errno::from_i32(e.code())
+}
+
+const ESTALE: Errno = Errno(libc::ESTALE);
+
+/// A node handed to the kernel by a reply.
+struct Entry<'a> {
+    attr: FileAttr,
+    generation: u64,
+    attr_ttl: Duration,
+    entry_ttl: Duration,
+    /// The slot reference that becomes the kernel's once the reply is sent.
+    pin: Option<Pin<'a>>,
+}
+
+/// Ways a directory handler emits an entry: returns true when the reply buffer is full.
+enum DirReply {
+    Plain(ReplyDirectory),
+    Plus(ReplyDirectoryPlus),
+}
+
+pub(crate) struct Server {
+    slots: Slots,
+    snapshots: Option<Arc<dyn SnapshotSource>>,
+    creds: CredCache,
+    ttl: Duration,
+    snapshot_ttl: Duration,
+    read_only: bool,
+    want_writeback: bool,
+    /// Negotiated with the kernel at init.
+    writeback: bool,
+    killpriv_v2: bool,
+    /// Times of the virtual directories.
+    started: SystemTime,
+}
+
+impl Server {
+    pub fn new(
+        live: Arc<Fs>,
+        snapshots: Option<Arc<dyn SnapshotSource>>,
+        opts: &MountOptions,
+    ) -> Server {
+        Server {
+            slots: Slots::new(live),
+            snapshots,
+            creds: CredCache::default(),
+            ttl: opts.attr_ttl,
+            snapshot_ttl: opts.snapshot_ttl,
+            read_only: opts.read_only,
+            want_writeback: opts.wants_writeback(),
+            writeback: false,
+            killpriv_v2: false,
+            started: SystemTime::now(),
+        }
+    }
+
+    fn cred(&self, req: &Request) -> Cred {
+        self.creds.cred(req.uid(), req.gid(), req.pid())
+    }
+
+    fn ttl_for(&self, slot: u16) -> Duration {
+        if slot == LIVE_SLOT {
+            self.ttl
+        } else {
+            self.snapshot_ttl
+        }
+    }
+
+    fn decode(nodeid: INodeNo) -> Result<Node> {
+        Node::decode(nodeid.0).ok_or(ESTALE)
+    }
+
+    /// The filesystem and inode of a node that exists in some filesystem.
+    fn fs_node(&self, nodeid: INodeNo) -> Result<(u16, Arc<Fs>, Ino)> {
+        match Self::decode(nodeid)? {
+            Node::Fs { slot, ino } => Ok((slot, self.slots.fs(slot)?, ino)),
+            Node::Control | Node::SnapshotDir => Err(Errno::EISDIR),
+        }
+    }
+
+    /// The live filesystem and inode of a node that may be changed.
+    fn writable(&self, nodeid: INodeNo) -> Result<(Arc<Fs>, Ino)> {
+        if self.read_only {
+            return Err(Errno::EROFS);
+        }
+        match Self::decode(nodeid)? {
+            Node::Fs {
+                slot: LIVE_SLOT,
+                ino,
+            } => Ok((self.slots.live().clone(), ino)),
+            _ => Err(Errno::EROFS),
+        }
+    }
+
+    fn is_control_name(parent: INodeNo, name: &OsStr) -> bool {
+        parent.0 == ROOT_INO && name.as_bytes() == CONTROL_NAME.as_bytes()
+    }
+
+    fn entry<'a>(&self, slot: u16, attr: &Attr, pin: Option<Pin<'a>>) -> Result<Entry<'a>> {
+        let nodeid = encode(slot, attr.ino)?;
+        let ttl = self.ttl_for(slot);
+        Ok(Entry {
+            attr: file_attr(attr, nodeid),
+            generation: attr.generation,
+            attr_ttl: ttl,
+            entry_ttl: ttl,
+            pin,
+        })
+    }
+
+    fn virtual_entry(&self, node: Node) -> Entry<'static> {
+        Entry {
+            attr: self.virtual_attr(node),
+            generation: 0,
+            attr_ttl: self.snapshot_ttl,
+            entry_ttl: self.snapshot_ttl,
+            pin: None,
+        }
+    }
+
+    fn virtual_attr(&self, node: Node) -> FileAttr {
+        match node {
+            Node::SnapshotDir => virtual_dir_attr(SNAPDIR_NODE, 2, self.started),
+            _ => virtual_dir_attr(CONTROL_NODE, 3, self.started),
+        }
+    }
+
+    fn reply_entry(reply: ReplyEntry, entry: Result<Entry<'_>>) {
+        match entry {
+            Ok(e) => {
+                reply.entry_with_ttls(&e.attr_ttl, &e.entry_ttl, &e.attr, Generation(e.generation));
+                if let Some(pin) = e.pin {
+                    pin.keep();
+                }
+            }
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn reply_empty(reply: ReplyEmpty, r: Result<()>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn snapshot_source(&self) -> Result<&Arc<dyn SnapshotSource>> {
+        self.snapshots.as_ref().ok_or(Errno::ENOENT)
+    }
+
+    /// `.tank/snapshot/<name>`: the root of that snapshot, opened if it is not.
+    fn snapshot_root(&self, name: &OsStr) -> Result<Entry<'_>> {
+        let source = self.snapshot_source()?;
+        let name = name.to_str().ok_or(Errno::ENOENT)?;
+        if self.slots.find(name).is_some() && !source.list().iter().any(|n| n == name) {
+            // Destroyed since it was opened: it goes once the kernel forgets it.
+            return Err(Errno::ENOENT);
+        }
+        let (slot, fs, pin) = self.slots.open(name, || source.open(name))?;
+        let attr = fs.getattr(ROOT_INO)?;
+        let mut entry = self.entry(slot, &attr, Some(pin))?;
+        // The set of snapshots changes: the name is cached only briefly.
+        entry.entry_ttl = self.ttl;
+        Ok(entry)
+    }
+
+    fn do_lookup(&self, req: &Request, parent: INodeNo, name: &OsStr) -> Result<Entry<'_>> {
+        match Self::decode(parent)? {
+            Node::Control => {
+                if name.as_bytes() == SNAPSHOT_DIR_NAME.as_bytes() {
+                    Ok(self.virtual_entry(Node::SnapshotDir))
+                } else {
+                    Err(Errno::ENOENT)
+                }
+            }
+            Node::SnapshotDir => self.snapshot_root(name),
+            Node::Fs { slot, ino } => {
+                if slot == LIVE_SLOT && Self::is_control_name(parent, name) {
+                    return Ok(self.virtual_entry(Node::Control));
+                }
+                let fs = self.slots.fs(slot)?;
+                let pin = self.slots.pin(slot)?;
+                let attr = fs.lookup(&self.cred(req), ino, name)?;
+                self.entry(slot, &attr, pin)
+            }
+        }
+    }
+
+    fn do_getattr(&self, nodeid: INodeNo) -> Result<(FileAttr, Duration)> {
+        match Self::decode(nodeid)? {
+            node @ (Node::Control | Node::SnapshotDir) => {
+                Ok((self.virtual_attr(node), self.snapshot_ttl))
+            }
+            Node::Fs { slot, ino } => {
+                let attr = self.slots.fs(slot)?.getattr(ino)?;
+                Ok((file_attr(&attr, nodeid.0), self.ttl_for(slot)))
+            }
+        }
+    }
+
+    /// Clears set-uid, and set-gid when group-execute is set, of a regular file (the
+    /// kernel's rule for killing privileges).
+    fn kill_suidgid(fs: &Fs, ino: Ino) -> Result<()> {
+        let attr = fs.getattr(ino)?;
+        if attr.kind != FileKind::File {
+            return Ok(());
+        }
+        let perm = u32::from(attr.perm);
+        let mut kept = perm & !libc::S_ISUID;
+        if perm & libc::S_IXGRP != 0 {
+            kept &= !libc::S_ISGID;
+        }
+        if kept != perm {
+            let set = SetAttr {
+                mode: Some(kept),
+                ..SetAttr::default()
+            };
+            fs.setattr(&Cred::root(), ino, &set)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn do_setattr(
+        &self,
+        req: &Request,
+        nodeid: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+    ) -> Result<FileAttr> {
+        let (fs, ino) = self.writable(nodeid)?;
+        let cred = self.cred(req);
+        let time = |t: TimeOrNow| match t {
+            TimeOrNow::Now => TimeSet::Now,
+            TimeOrNow::SpecificTime(t) => TimeSet::At(timespec_from_request(t)),
+        };
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+        };
+        let attr = match fs.setattr(&cred, ino, &set) {
+            Ok(attr) => attr,
+            Err(e) if e == Errno::EPERM || e == Errno::EACCES => {
+                let only_mtime = set.mtime.is_some()
+                    && ctime.is_some()
+                    && SetAttr { mtime: None, ..set } == SetAttr::default();
+                if self.writeback && only_mtime {
+                    // The writeback cache flushing the mtime it kept (module header).
+                    fs.getattr(ino)?
+                } else if !self.killpriv_v2 && self.drops_only_suidgid(&fs, ino, &set)? {
+                    fs.access(&cred, ino, libc::W_OK)?;
+                    fs.setattr(&Cred::root(), ino, &set)?
+                } else {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let chown = set.uid.is_some() || set.gid.is_some();
+        let truncate = set.size.is_some() && cred.uid != 0;
+        let attr = if self.killpriv_v2 && (chown || truncate) && attr.kind == FileKind::File {
+            Self::kill_suidgid(&fs, ino)?;
+            fs.getattr(ino)?
+        } else {
+            attr
+        };
+        Ok(file_attr(&attr, nodeid.0))
+    }
+
+    /// Whether `set` is a mode change that only drops set-uid/set-gid bits.
+    fn drops_only_suidgid(&self, fs: &Fs, ino: Ino, set: &SetAttr) -> Result<bool> {
+        let Some(mode) = set.mode else {
+            return Ok(false);
+        };
+        if (SetAttr { mode: None, ..*set }) != SetAttr::default() {
+            return Ok(false);
+        }
+        let perm = u32::from(fs.getattr(ino)?.perm);
+        let bits = libc::S_ISUID | libc::S_ISGID;
+        Ok(mode != perm && mode & !bits == perm & !bits && mode & bits & !perm == 0)
+    }
+
+    /// mknod + open, as `create` and as the fallback of a racing create.
+    fn do_create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<Entry<'_>> {
+        let (fs, pino) = self.writable(parent)?;
+        if Self::is_control_name(parent, name) {
+            return Err(Errno::EEXIST);
+        }
+        let cred = self.cred(req);
+        let kind = match mode & libc::S_IFMT {
+            0 => libc::S_IFREG,
+            k => k,
+        };
+        let mode = kind | (mode & 0o7777 & !umask);
+        match fs.mknod(&cred, pino, name, mode, 0) {
+            Ok(attr) => {
+                // The creator may open what it created whatever the mode says.
+                fs.open(&Cred::root(), attr.ino, flags)?;
+                self.entry(LIVE_SLOT, &attr, None)
+            }
+            Err(e) if e == Errno::EEXIST && flags & libc::O_EXCL == 0 => {
+                // Created by someone else since the kernel's lookup: open it as open(2)
+                // without O_EXCL would.
+                let attr = fs.lookup(&cred, pino, name)?;
+                if attr.kind == FileKind::Dir {
+                    return Err(Errno::EISDIR);
+                }
+                fs.open(&cred, attr.ino, flags)?;
+                self.entry(LIVE_SLOT, &attr, None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn open_flags(&self, slot: u16, dir: bool) -> FopenFlags {
+        match (slot == LIVE_SLOT, dir) {
+            (true, false) => FopenFlags::FOPEN_NOFLUSH,
+            (true, true) => FopenFlags::empty(),
+            (false, false) => FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+            (false, true) => FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+        }
+    }
+
+    fn do_open(&self, req: &Request, nodeid: INodeNo, flags: i32, dir: bool) -> Result<FopenFlags> {
+        match Self::decode(nodeid)? {
+            Node::Control | Node::SnapshotDir => {
+                if flags & libc::O_ACCMODE != libc::O_RDONLY {
+                    return Err(Errno::EISDIR);
+                }
+                Ok(FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Node::Fs { slot, ino } => {
+                let changes =
+                    flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+                if changes && (slot != LIVE_SLOT || self.read_only) {
+                    return Err(Errno::EROFS);
+                }
+                let fs = self.slots.fs(slot)?;
+                fs.open(&self.cred(req), ino, flags)?;
+                Ok(self.open_flags(slot, dir))
+            }
+        }
+    }
+
+    fn do_release(&self, nodeid: INodeNo) -> Result<()> {
+        match Self::decode(nodeid)? {
+            Node::Fs { slot, ino } => self.slots.fs(slot)?.release(ino),
+            Node::Control | Node::SnapshotDir => Ok(()),
+        }
+    }
+
+    fn do_write(
+        &self,
+        req: &Request,
+        nodeid: INodeNo,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+    ) -> Result<u32> {
+        let (fs, ino) = self.writable(nodeid)?;
+        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let cred = if cached {
+            // Written back by the kernel: no caller to speak of (module header).
+            Cred::root()
+        } else {
+            self.cred(req)
+        };
+        let append = !self.writeback && !cached && flags.0 & libc::O_APPEND != 0;
+        let written = fs.write(&cred, ino, offset, data, append)?;
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            // The data is written; failing to clear the bits now would misreport it.
+            let _ = Self::kill_suidgid(&fs, ino);
+        }
+        Ok(written)
+    }
+
+    /// The entries of a virtual directory: (name, node id, cookie), sorted by cookie.
+    fn virtual_entries(&self, node: Node) -> Vec<(Vec<u8>, u64, u64)> {
+        match node {
+            Node::Control => vec![
+                (b".".to_vec(), CONTROL_NODE, 1),
+                (b"..".to_vec(), ROOT_INO, 2),
+                (SNAPSHOT_DIR_NAME.as_bytes().to_vec(), SNAPDIR_NODE, 3),
+            ],
+            _ => {
+                let mut v = vec![
+                    (b".".to_vec(), SNAPDIR_NODE, 1),
+                    (b"..".to_vec(), CONTROL_NODE, 2),
+                ];
+                let names = self
+                    .snapshots
+                    .as_ref()
+                    .map(|s| s.list())
+                    .unwrap_or_default();
+                let mut snaps: Vec<(Vec<u8>, u64, u64)> = names
+                    .into_iter()
+                    .map(|n| {
+                        // A cookie from the name, so that resuming a listing is right even
+                        // when snapshots come and go in between.
+                        let mut h = DefaultHasher::new();
+                        n.hash(&mut h);
+                        let cookie = h.finish().max(3);
+                        // Node ids of snapshots not open yet: a stand-in that names no
+                        // node (only `readdir`'s d_ino shows it; lookup opens the snapshot).
+                        let nodeid = match self.slots.find(&n) {
+                            Some((slot, _)) => encode(slot, ROOT_INO).unwrap_or(0),
+                            None => {
+                                (u64::from(VIRTUAL_SLOT) << INO_BITS) | (cookie & INO_MASK).max(3)
+                            }
+                        };
+                        (n.into_bytes(), nodeid, cookie)
+                    })
+                    .collect();
+                snaps.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
+                v.extend(snaps);
+                v
+            }
+        }
+    }
+
+    fn virtual_readdir(&self, node: Node, offset: u64, reply: &mut DirReply) -> Result<()> {
+        for (name, nodeid, cookie) in self.virtual_entries(node) {
+            if cookie <= offset {
+                continue;
+            }
+            let name = OsStr::from_bytes(&name);
+            let full = match reply {
+                DirReply::Plain(r) => r.add(INodeNo(nodeid), cookie, FileType::Directory, name),
+                DirReply::Plus(r) => {
+                    let entry = match Node::decode(nodeid) {
+                        Some(n @ (Node::Control | Node::SnapshotDir)) => self.virtual_entry(n),
+                        _ if nodeid == ROOT_INO => {
+                            let attr = self.slots.live().getattr(ROOT_INO)?;
+                            self.entry(LIVE_SLOT, &attr, None)?
+                        }
+                        _ => match self.snapshot_root(name) {
+                            Ok(e) => e,
+                            // Destroyed while we list.
+                            Err(e) if e == Errno::ENOENT => continue,
+                            Err(e) => return Err(e),
+                        },
+                    };
+                    let full = r.add(
+                        INodeNo(entry.attr.ino.0),
+                        cookie,
+                        name,
+                        &entry.attr_ttl,
+                        &entry.attr,
+                        Generation(entry.generation),
+                    );
+                    // "." and ".." are not linked by the kernel: no reference taken.
+                    if !full && name != "." && name != ".." {
+                        if let Some(pin) = entry.pin {
+                            pin.keep();
+                        }
+                    }
+                    full
+                }
+            };
+            if full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists a directory of a filesystem into `reply` from `offset` (a cookie of `Fs`).
+    fn fs_readdir(
+        &self,
+        req: &Request,
+        slot: u16,
+        ino: Ino,
+        offset: u64,
+        size: usize,
+        reply: &mut DirReply,
+    ) -> Result<()> {
+        let fs = self.slots.fs(slot)?;
+        let cred = self.cred(req);
+        let plus = matches!(reply, DirReply::Plus(_));
+        let max = if plus {
+            size / DIRENTPLUS_MIN_BYTES
+        } else {
+            size / DIRENT_MIN_BYTES
+        }
+        .clamp(1, 1024);
+        let hide_control = slot == LIVE_SLOT && ino == ROOT_INO;
+        let mut cookie = offset;
+        let mut added = 0usize;
+        loop {
+            let batch = fs.readdir(&cred, ino, cookie, max)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for e in batch {
+                debug_assert!(e.cookie != 0, "Fs gave a zero readdir cookie");
+                if hide_control && e.name == CONTROL_NAME.as_bytes() {
+                    cookie = e.cookie;
+                    continue;
+                }
+                match self.add_fs_entry(&fs, slot, ino, &e, reply) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => added += 1,
+                    // Removed since the listing: leave it out.
+                    Err(err) if err == Errno::ENOENT => {}
+                    // Reply with what fits so far; the next call meets the error again.
+                    Err(_) if added > 0 => return Ok(()),
+                    Err(err) => return Err(err),
+                }
+                cookie = e.cookie;
+            }
+        }
+    }
+
+    /// Adds one `Fs` entry; true when the reply buffer is full (the entry not added).
+    fn add_fs_entry(
+        &self,
+        fs: &Fs,
+        slot: u16,
+        dir: Ino,
+        e: &DirEntry,
+        reply: &mut DirReply,
+    ) -> Result<bool> {
+        let name = OsStr::from_bytes(&e.name);
+        let dots = e.name == b"." || e.name == b"..";
+        // ".." of a snapshot's root is `.tank/snapshot`.
+        let parent_of_snapshot = slot != LIVE_SLOT && dir == ROOT_INO && e.name == b"..";
+        match reply {
+            DirReply::Plain(r) => {
+                let nodeid = if parent_of_snapshot {
+                    SNAPDIR_NODE
+                } else {
+                    encode(slot, e.ino)?
+                };
+                Ok(r.add(INodeNo(nodeid), e.cookie, file_type(e.kind), name))
+            }
+            DirReply::Plus(r) => {
+                let entry = if parent_of_snapshot {
+                    self.virtual_entry(Node::SnapshotDir)
+                } else {
+                    let pin = if dots { None } else { self.slots.pin(slot)? };
+                    let attr = fs.getattr(e.ino)?;
+                    self.entry(slot, &attr, pin)?
+                };
+                let full = r.add(
+                    INodeNo(entry.attr.ino.0),
+                    e.cookie,
+                    name,
+                    &entry.attr_ttl,
+                    &entry.attr,
+                    Generation(entry.generation),
+                );
+                if !full {
+                    if let Some(pin) = entry.pin {
+                        pin.keep();
+                    }
+                }
+                Ok(full)
+            }
+        }
+    }
+
+    fn do_readdir(
+        &self,
+        req: &Request,
+        nodeid: INodeNo,
+        offset: u64,
+        size: usize,
+        reply: &mut DirReply,
+    ) -> Result<()> {
+        match Self::decode(nodeid)? {
+            node @ (Node::Control | Node::SnapshotDir) => self.virtual_readdir(node, offset, reply),
+            Node::Fs { slot, ino } => self.fs_readdir(req, slot, ino, offset, size, reply),
+        }
+    }
+
+    fn xattr_reply(reply: ReplyXattr, size: u32, value: Result<Vec<u8>>) {
+        match value {
+            Ok(v) if size == 0 => match u32::try_from(v.len()) {
+                Ok(n) => reply.size(n),
+                Err(_) => reply.error(wire(Errno::E2BIG)),
+            },
+            Ok(v) if v.len() > size as usize => reply.error(wire(Errno::ERANGE)),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn do_getxattr(&self, req: &Request, nodeid: INodeNo, name: &OsStr) -> Result<Vec<u8>> {
+        match Self::decode(nodeid)? {
+            Node::Control | Node::SnapshotDir => Err(Errno::ENODATA),
+            Node::Fs { slot, ino } => self.slots.fs(slot)?.getxattr(&self.cred(req), ino, name),
+        }
+    }
+
+    fn do_listxattr(&self, req: &Request, nodeid: INodeNo) -> Result<Vec<u8>> {
+        let names = match Self::decode(nodeid)? {
+            Node::Control | Node::SnapshotDir => Vec::new(),
+            Node::Fs { slot, ino } => self.slots.fs(slot)?.listxattr(&self.cred(req), ino)?,
+        };
+        let mut out = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+        for n in names {
+            out.extend_from_slice(&n);
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    fn do_access(&self, req: &Request, nodeid: INodeNo, mask: i32) -> Result<()> {
+        let wants_write = mask & libc::W_OK != 0;
+        match Self::decode(nodeid)? {
+            Node::Control | Node::SnapshotDir => {
+                if wants_write {
+                    Err(Errno::EROFS)
+                } else {
+                    Ok(())
+                }
+            }
+            Node::Fs { slot, ino } => {
+                let fs = self.slots.fs(slot)?;
+                if wants_write && (slot != LIVE_SLOT || self.read_only) {
+                    // access(2) says EROFS for files, directories and symlinks on a
+                    // read-only filesystem; device files and the like stay writable.
+                    let kind = fs.getattr(ino)?.kind;
+                    if matches!(kind, FileKind::File | FileKind::Dir | FileKind::Symlink) {
+                        return Err(Errno::EROFS);
+                    }
+                }
+                fs.access(&self.cred(req), ino, mask)
+            }
+        }
+    }
+}
+
+impl Filesystem for Server {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Each capability on its own: one the kernel lacks must not cost the others.
+        let mut ask = |flags: InitFlags| config.add_capabilities(flags).is_ok();
+        ask(InitFlags::FUSE_MAX_PAGES);
+        ask(InitFlags::FUSE_PARALLEL_DIROPS);
+        ask(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        ask(InitFlags::FUSE_CACHE_SYMLINKS);
+        ask(InitFlags::FUSE_ASYNC_DIO);
+        self.killpriv_v2 = ask(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        self.writeback = self.want_writeback && ask(InitFlags::FUSE_WRITEBACK_CACHE);
+        let _ = config.set_max_write(MAX_IO_BYTES);
+        if let Err(most) = config.set_max_readahead(MAX_IO_BYTES) {
+            let _ = config.set_max_readahead(most);
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        Self::reply_entry(reply, self.do_lookup(req, parent, name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if let Some(Node::Fs { slot, .. }) = Node::decode(ino.0) {
+            self.slots.forget(slot, nlookup);
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.do_getattr(ino) {
+            Ok((attr, ttl)) => reply.attr(&ttl, &attr),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match self.do_setattr(req, ino, mode, uid, gid, size, atime, mtime, ctime) {
+            Ok(attr) => reply.attr(&self.ttl, &attr),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs_node(ino).and_then(|(_, fs, ino)| fs.readlink(ino)) {
+            Ok(target) => reply.data(&target),
+            Err(e) if e == Errno::EISDIR => reply.error(wire(Errno::EINVAL)),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.writable(parent).and_then(|(fs, pino)| {
+            if Self::is_control_name(parent, name) {
+                return Err(Errno::EEXIST);
+            }
+            let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
+            let attr = fs.mknod(&self.cred(req), pino, name, mode, rdev)?;
+            self.entry(LIVE_SLOT, &attr, None)
+        });
+        Self::reply_entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.writable(parent).and_then(|(fs, pino)| {
+            if Self::is_control_name(parent, name) {
+                return Err(Errno::EEXIST);
+            }
+            let attr = fs.mkdir(&self.cred(req), pino, name, mode & 0o7777 & !umask)?;
+            self.entry(LIVE_SLOT, &attr, None)
+        });
+        Self::reply_entry(reply, r);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.writable(parent).and_then(|(fs, pino)| {
+            if Self::is_control_name(parent, name) {
+                return Err(Errno::EROFS);
+            }
+            fs.unlink(&self.cred(req), pino, name)
+        });
+        Self::reply_empty(reply, r);
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.writable(parent).and_then(|(fs, pino)| {
+            if Self::is_control_name(parent, name) {
+                return Err(Errno::EROFS);
+            }
+            fs.rmdir(&self.cred(req), pino, name)
+        });
+        Self::reply_empty(reply, r);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.writable(parent).and_then(|(fs, pino)| {
+            if Self::is_control_name(parent, link_name) {
+                return Err(Errno::EEXIST);
+            }
+            let attr = fs.symlink(&self.cred(req), pino, link_name, target.as_os_str())?;
+            self.entry(LIVE_SLOT, &attr, None)
+        });
+        Self::reply_entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT)
+                || !fuser::RenameFlags::all().contains(flags)
+            {
+                return Err(Errno::EINVAL);
+            }
+            let (fs, pino) = self.writable(parent)?;
+            let (_, npino) = self.writable(newparent)?;
+            if Self::is_control_name(parent, name) || Self::is_control_name(newparent, newname) {
+                return Err(Errno::EROFS);
+            }
+            let flags = RenameFlags {
+                noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+                exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+            };
+            fs.rename(&self.cred(req), pino, name, npino, newname, flags)
+        })();
+        Self::reply_empty(reply, r);
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = (|| {
+            let (fs, ino) = self.writable(ino)?;
+            let (_, npino) = self.writable(newparent)?;
+            if Self::is_control_name(newparent, newname) {
+                return Err(Errno::EEXIST);
+            }
+            let attr = fs.link(&self.cred(req), ino, npino, newname)?;
+            self.entry(LIVE_SLOT, &attr, None)
+        })();
+        Self::reply_entry(reply, r);
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.do_open(req, ino, flags.0, false) {
+            Ok(fopen) => reply.opened(FileHandle(0), fopen),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self
+            .fs_node(ino)
+            .and_then(|(_, fs, ino)| fs.read(ino, offset, size))
+        {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.do_write(req, ino, offset, data, write_flags, flags) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is buffered here: every write reached `Fs` when it was answered.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(reply, self.do_release(ino));
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = match Node::decode(ino.0) {
+            Some(Node::Fs {
+                slot: LIVE_SLOT,
+                ino,
+            }) => self.slots.live().fsync(ino, datasync),
+            Some(_) => Ok(()),
+            None => Err(ESTALE),
+        };
+        Self::reply_empty(reply, r);
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.do_open(req, ino, flags.0, true) {
+            Ok(fopen) => reply.opened(FileHandle(0), fopen),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        // fuser does not pass the buffer size to the handler; 4 KiB is what the kernel asks.
+        let mut out = DirReply::Plain(reply);
+        let r = self.do_readdir(req, ino, offset, 4096, &mut out);
+        let DirReply::Plain(reply) = out else {
+            unreachable!()
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        let mut out = DirReply::Plus(reply);
+        let r = self.do_readdir(req, ino, offset, 4096, &mut out);
+        let DirReply::Plus(reply) = out else {
+            unreachable!()
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(reply, self.do_release(ino));
+    }
+
+    fn fsyncdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fsync(req, ino, fh, datasync, reply);
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let fs = match Node::decode(ino.0) {
+            Some(Node::Fs { slot, .. }) => self.slots.fs(slot),
+            _ => Ok(self.slots.live().clone()),
+        };
+        match fs.and_then(|fs| fs.statfs()) {
+            Ok(s) => {
+                let (blocks, bfree, bavail, files, ffree, bsize, namelen, frsize) = statfs_args(&s);
+                reply.statfs(blocks, bfree, bavail, files, ffree, bsize, namelen, frsize);
+            }
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            let (fs, ino) = self.writable(ino)?;
+            let mode = match flags {
+                0 => XattrMode::Any,
+                libc::XATTR_CREATE => XattrMode::Create,
+                libc::XATTR_REPLACE => XattrMode::Replace,
+                _ => return Err(Errno::EINVAL),
+            };
+            if position != 0 {
+                return Err(Errno::EINVAL);
+            }
+            fs.setxattr(&self.cred(req), ino, name, value, mode)
+        })();
+        Self::reply_empty(reply, r);
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        Self::xattr_reply(reply, size, self.do_getxattr(req, ino, name));
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        Self::xattr_reply(reply, size, self.do_listxattr(req, ino));
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self
+            .writable(ino)
+            .and_then(|(fs, ino)| fs.removexattr(&self.cred(req), ino, name));
+        Self::reply_empty(reply, r);
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        Self::reply_empty(reply, self.do_access(req, ino, mask.bits()));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.do_create(req, parent, name, mode, umask, flags) {
+            Ok(e) => {
+                reply.created(
+                    &e.attr_ttl,
+                    &e.attr,
+                    Generation(e.generation),
+                    FileHandle(0),
+                    self.open_flags(LIVE_SLOT, false),
+                );
+            }
+            Err(e) => reply.error(wire(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self
+            .writable(ino)
+            .and_then(|(fs, ino)| fs.fallocate(&self.cred(req), ino, offset, length, mode));
+        Self::reply_empty(reply, r);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel's generic lseek (the whole file is data) takes over.
+        reply.error(fuser::Errno::ENOSYS);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel falls back to copying through the page cache.
+        reply.error(fuser::Errno::ENOSYS);
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(fuser::Errno::from_i32(libc::ENOTTY));
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // Files are always ready; the kernel says so itself after ENOSYS.
+        reply.error(fuser::Errno::ENOSYS);
+    }
+}

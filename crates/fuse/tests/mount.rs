@@ -1,0 +1,277 @@
+//! Mount lifecycle and the snapshot directory, through the kernel: errors of `mount`, how
+//! `mount` and `df` show the filesystem, unmount (busy, lazy on drop, by another party),
+//! the sync at unmount, and `.tank/snapshot` served from other `Fs` instances.
+
+mod common;
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use libc::{EACCES, ENOENT, EROFS};
+use tank_dataset::posix::{Cred, ROOT_INO};
+use tank_fuse::{MountError, MountOptions, SnapshotSource};
+
+fn mounted_at(path: &std::path::Path) -> bool {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
+}
+
+#[test]
+fn mount_errors_are_clear() {
+    require_fuse!();
+    let m = mounted();
+    let opts = MountOptions::new("fusetest/again");
+
+    let missing = m.pool.dir.path().join("missing");
+    let err = tank_fuse::mount(m.fs.clone(), None, &missing, &opts).unwrap_err();
+    assert!(matches!(err, MountError::MountPointMissing(_)), "{err:?}");
+    assert!(err.to_string().contains("no such directory"), "{err}");
+
+    let file = m.pool.dir.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    let err = tank_fuse::mount(m.fs.clone(), None, &file, &opts).unwrap_err();
+    assert!(matches!(err, MountError::NotADirectory(_)), "{err:?}");
+
+    let err = tank_fuse::mount(m.fs.clone(), None, &m.path, &opts).unwrap_err();
+    assert!(matches!(err, MountError::AlreadyMounted { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("already mounted") && msg.contains("tank:fusetest/fs"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unmount_waits_for_open_files_and_syncs() {
+    require_fuse!();
+    let mut m = mounted();
+    fs::write(m.p("kept"), b"durable").unwrap();
+    let open = File::open(m.p("kept")).unwrap();
+    let handle = m.handle.as_mut().unwrap();
+    let err = handle.unmount().unwrap_err();
+    assert!(matches!(err, MountError::Busy(_)), "{err:?}");
+    assert!(handle.is_mounted());
+    assert!(mounted_at(&m.path));
+    drop(open);
+    m.handle.as_mut().unwrap().unmount().unwrap();
+    assert!(!mounted_at(&m.path));
+    assert!(!m.handle.as_ref().unwrap().is_mounted());
+    // A second unmount is a no-op.
+    m.handle.as_mut().unwrap().unmount().unwrap();
+    // The data is in the filesystem, seen through its API.
+    let attr =
+        m.fs.lookup(&Cred::root(), ROOT_INO, "kept".as_ref())
+            .unwrap();
+    assert_eq!(m.fs.read(attr.ino, 0, 100).unwrap(), b"durable");
+}
+
+#[test]
+fn remount_after_unmount_sees_the_files() {
+    require_fuse!();
+    let mut m = mounted();
+    fs::create_dir(m.p("dir")).unwrap();
+    fs::write(m.p("dir/f"), noise(200_000, 1)).unwrap();
+    m.unmount();
+    let again = tank_fuse::mount(
+        m.fs.clone(),
+        None,
+        &m.path,
+        &MountOptions::new("fusetest/fs"),
+    )
+    .unwrap();
+    assert_eq!(fs::read(m.p("dir/f")).unwrap(), noise(200_000, 1));
+    drop(again);
+    assert!(!mounted_at(&m.path));
+}
+
+#[test]
+fn drop_detaches_a_busy_mount() {
+    require_fuse!();
+    let mut m = mounted();
+    fs::write(m.p("f"), b"still readable").unwrap();
+    let mut open = File::open(m.p("f")).unwrap();
+    m.handle.take();
+    // Gone from the namespace at once ...
+    assert!(!mounted_at(&m.path));
+    // ... while the open file is still served.
+    let mut s = String::new();
+    open.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "still readable");
+}
+
+#[test]
+fn unmount_by_another_party_ends_the_session() {
+    require_fuse!();
+    let mut m = mounted();
+    fs::write(m.p("f"), b"x").unwrap();
+    let waiter = {
+        let mut handle = m.handle.take().unwrap();
+        std::thread::spawn(move || handle.wait())
+    };
+    tank_fuse::unmount(&m.path).unwrap();
+    waiter.join().unwrap().unwrap();
+    assert!(!mounted_at(&m.path));
+    let err = tank_fuse::unmount(&m.path).unwrap_err();
+    assert!(matches!(err, MountError::NotMounted(_)), "{err:?}");
+}
+
+#[test]
+fn unmounter_from_another_thread() {
+    require_fuse!();
+    let mut m = mounted();
+    let unmounter = m.handle.as_ref().unwrap().unmounter();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        unmounter.unmount()
+    });
+    m.handle.as_mut().unwrap().wait().unwrap();
+    t.join().unwrap().unwrap();
+    assert!(!mounted_at(&m.path));
+}
+
+/// A live filesystem with a snapshot source holding a second, read-only `Fs`.
+fn with_snapshot() -> (Mounted, Arc<TestSnapshots>) {
+    let pool = Arc::new(TestPool::new(256 << 20));
+    let hooks = Arc::new(TestHooks::new(pool.bytes));
+    let live = pool.root_fs(hooks.clone());
+
+    let snap_hooks = Arc::new(TestHooks::new(pool.bytes));
+    let snap = pool.new_fs(snap_hooks.clone());
+    let root = Cred::root();
+    let dir = snap.mkdir(&root, ROOT_INO, "docs".as_ref(), 0o755).unwrap();
+    let f = snap
+        .mknod(&root, dir.ino, "a.txt".as_ref(), libc::S_IFREG | 0o640, 0)
+        .unwrap();
+    snap.open(&root, f.ino, libc::O_WRONLY).unwrap();
+    snap.write(&root, f.ino, 0, b"from the snapshot", false)
+        .unwrap();
+    snap.release(f.ino).unwrap();
+    snap.sync_all().unwrap();
+    snap_hooks.readonly.store(true, Ordering::Release);
+
+    let source = Arc::new(TestSnapshots::default());
+    source.snaps.lock().push(("monday".into(), snap));
+    let mut opts = MountOptions::new("fusetest/live");
+    opts.attr_ttl = Duration::from_millis(200);
+    let m = mount_on(
+        pool,
+        live,
+        hooks,
+        Some(source.clone() as Arc<dyn SnapshotSource>),
+        &opts,
+    );
+    (m, source)
+}
+
+#[test]
+fn snapshot_directory_serves_snapshots_read_only() {
+    require_fuse!();
+    let (m, source) = with_snapshot();
+    fs::create_dir(m.p("docs")).unwrap();
+    fs::write(m.p("docs/a.txt"), b"live").unwrap();
+
+    let names = |p: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&m.path), vec!["docs"]);
+    assert_eq!(names(&m.p(".tank")), vec!["snapshot"]);
+    assert_eq!(names(&m.p(".tank/snapshot")), vec!["monday"]);
+    let snap = m.p(".tank/snapshot/monday");
+    assert_eq!(names(&snap), vec!["docs"]);
+    assert_eq!(
+        fs::read(snap.join("docs/a.txt")).unwrap(),
+        b"from the snapshot"
+    );
+    assert_eq!(fs::read(m.p("docs/a.txt")).unwrap(), b"live");
+
+    // One inode space: the snapshot's inodes differ from the live ones, one device.
+    let (live_root, snap_root) = (fs::metadata(&m.path).unwrap(), fs::metadata(&snap).unwrap());
+    assert_eq!(live_root.ino(), 1);
+    assert_ne!(snap_root.ino(), 1);
+    assert_eq!(live_root.dev(), snap_root.dev());
+    assert_ne!(
+        fs::metadata(snap.join("docs/a.txt")).unwrap().ino(),
+        fs::metadata(m.p("docs/a.txt")).unwrap().ino()
+    );
+    assert_eq!(
+        fs::metadata(snap.join("..")).unwrap().ino(),
+        fs::metadata(m.p(".tank/snapshot")).unwrap().ino()
+    );
+
+    // Read-only, every way.
+    assert_errno(fs::write(snap.join("docs/a.txt"), b"x"), EROFS);
+    assert_errno(fs::write(snap.join("new"), b"x"), EROFS);
+    assert_errno(fs::create_dir(snap.join("d")), EROFS);
+    assert_errno(fs::remove_file(snap.join("docs/a.txt")), EROFS);
+    assert_errno(fs::rename(snap.join("docs"), snap.join("x")), EROFS);
+    assert_errno(setxattr(&snap.join("docs"), "user.a", b"v", 0), EROFS);
+    assert_errno(access(&snap.join("docs/a.txt"), libc::W_OK), EROFS);
+    assert_errno(fs::create_dir(m.p(".tank/snapshot/tuesday")), EROFS);
+    assert_errno(fs::rename(m.p("docs"), snap.join("docs2")), EROFS);
+    assert_errno(fs::hard_link(m.p("docs/a.txt"), snap.join("l")), EROFS);
+    assert_errno(fs::metadata(m.p(".tank/snapshot/nosuch")), ENOENT);
+    assert_errno(fs::metadata(m.p(".tank/nosuch")), ENOENT);
+
+    // Permissions apply inside snapshots.
+    as_user(40_001, 41_001, &[], || {
+        assert_errno(File::open(snap.join("docs/a.txt")), EACCES);
+    });
+
+    // Opened once, however often it is used.
+    for _ in 0..5 {
+        fs::metadata(snap.join("docs")).unwrap();
+    }
+    assert_eq!(source.opens.load(Ordering::Acquire), 1);
+
+    // A destroyed snapshot disappears (within the entry TTL).
+    source.snaps.lock().clear();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(names(&m.p(".tank/snapshot")), Vec::<String>::new());
+    assert_errno(fs::metadata(m.p(".tank/snapshot/monday")), ENOENT);
+}
+
+#[test]
+fn snapshot_of_the_live_object_set() {
+    require_fuse!();
+    let pool = Arc::new(TestPool::new(256 << 20));
+    let hooks = Arc::new(TestHooks::new(pool.bytes));
+    let live = pool.root_fs(hooks.clone());
+    let source = Arc::new(TestSnapshots::default());
+    let m = mount_on(
+        pool.clone(),
+        live.clone(),
+        hooks,
+        Some(source.clone() as Arc<dyn SnapshotSource>),
+        &MountOptions::new("fusetest/live"),
+    );
+    fs::write(m.p("f"), b"before").unwrap();
+    File::open(m.p("f")).unwrap().sync_all().unwrap();
+    live.sync_all().unwrap();
+
+    // The committed tree of the live object set, opened read-only.
+    let os = pool.store.objset(tank_object::ROOT_OBJSET).unwrap();
+    let snap_os = pool.store.open_snapshot(os.id, os.root());
+    let snap_hooks = Arc::new(TestHooks::new(pool.bytes));
+    snap_hooks.readonly.store(true, Ordering::Release);
+    let snap = tank_dataset::posix::Fs::mount(pool.store.clone(), snap_os, snap_hooks, (0, 0))
+        .expect("Fs on a snapshot");
+    source.snaps.lock().push(("s1".into(), snap));
+
+    fs::write(m.p("f"), b"after").unwrap();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"after");
+    assert_eq!(fs::read(m.p(".tank/snapshot/s1/f")).unwrap(), b"before");
+    let kind = fs::metadata(m.p(".tank/snapshot/s1")).unwrap();
+    assert!(kind.is_dir());
+}
