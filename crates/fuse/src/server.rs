@@ -332,7 +332,9 @@ impl Server {
             atime: atime.map(time),
             mtime: mtime.map(time),
         };
-        let attr = match fs.setattr(&cred, ino, &set) {
+        let r0 = fs.setattr(&cred, ino, &set);
+        eprintln!("DEBUG setattr cred={cred:?} set={set:?} ctime={ctime:?} -> {:?}", r0.as_ref().map(|_| ()));
+        let attr = match r0 {
             Ok(attr) => attr,
             Err(e) if e == Errno::EPERM || e == Errno::EACCES => {
                 let only_mtime = set.mtime.is_some()

@@ -13,7 +13,8 @@ use comfy_table::{presets, Table};
 use tank_dataset::props::{self, PropType};
 use tank_dataset::{DatasetInfo, DatasetKind, Dsl, Op};
 
-use crate::pools::open_pool;
+use crate::mounts::{remount, unmount_tree};
+use crate::pools::{open_pool, Opened};
 
 #[derive(Subcommand)]
 pub enum DatasetCmd {
@@ -161,8 +162,12 @@ pub fn pool_of(name: &str) -> &str {
 /// Runs `f` on the directory of the pool that `name` belongs to, logging the command to
 /// the pool history when it changes something.
 fn with_dsl<T>(name: &str, change: bool, f: impl FnOnce(&Dsl) -> Result<T>) -> Result<T> {
+    with_pool(name, change, |o| f(&o.dsl))
+}
+
+fn with_pool<T>(name: &str, change: bool, f: impl FnOnce(&Opened) -> Result<T>) -> Result<T> {
     let opened = open_pool(pool_of(name))?;
-    let result = f(&opened.dsl);
+    let result = f(&opened);
     if change && result.is_ok() {
         opened.pool.log_history(&crate::command_line());
     }
@@ -200,14 +205,28 @@ pub fn run(cmd: DatasetCmd) -> Result<()> {
             })?;
             Ok(())
         }),
-        DatasetCmd::Destroy(a) => with_dsl(&a.name, true, |d| {
-            let gone = d.run(Op::Destroy {
+        DatasetCmd::Destroy(a) => with_pool(&a.name, true, |o| {
+            let d = &o.dsl;
+            let was = if a.name.contains('@') {
+                Vec::new()
+            } else {
+                unmount_tree(&a.name)?
+            };
+            let result = d.run(Op::Destroy {
                 name: a.name.clone(),
                 recursive: a.recursive || a.dependents,
                 dependents: a.dependents,
-            })?;
+            });
+            let gone = match result {
+                Ok(g) => g,
+                Err(e) => {
+                    let back: Vec<_> = was.into_iter().map(|(n, d)| (n, Some(d))).collect();
+                    remount(&o.dsl, &o.store, &back);
+                    return Err(e.into());
+                }
+            };
             if gone.len() > 1 {
-                println!("destroyed {} datasets and snapshots", gone.len());
+                outln!("destroyed {} datasets and snapshots", gone.len());
             }
             Ok(())
         }),
@@ -232,13 +251,18 @@ fn create(a: CreateArgs) -> Result<()> {
         }
         DatasetKind::Filesystem
     };
-    with_dsl(&a.name, true, |d| {
-        d.run(Op::Create {
+    with_pool(&a.name, true, |o| {
+        let created = o.dsl.run(Op::Create {
             name: a.name.clone(),
             kind,
             props: props.clone(),
             parents: a.parents,
         })?;
+        let names: Vec<(String, Option<std::path::PathBuf>)> = created
+            .iter()
+            .map(|id| (o.dsl.name_of(*id), None))
+            .collect();
+        remount(&o.dsl, &o.store, &names);
         Ok(())
     })
 }
@@ -258,11 +282,19 @@ pub fn snapshot(a: SnapshotArgs) -> Result<()> {
 }
 
 pub fn rollback(a: RollbackArgs) -> Result<()> {
-    with_dsl(&a.snapshot, true, |d| {
-        d.run(Op::Rollback {
+    with_pool(&a.snapshot, true, |o| {
+        let dataset = a.snapshot.split('@').next().unwrap_or_default();
+        // As zfs: the filesystem is unmounted for the rollback and mounted again after.
+        let was: Vec<_> = unmount_tree(dataset)?
+            .into_iter()
+            .map(|(n, d)| (n, Some(d)))
+            .collect();
+        let result = o.dsl.run(Op::Rollback {
             snapshot: a.snapshot.clone(),
             destroy_later: a.recursive,
-        })?;
+        });
+        remount(&o.dsl, &o.store, &was);
+        result?;
         Ok(())
     })
 }
@@ -276,12 +308,13 @@ pub fn clone(a: CloneArgs) -> Result<()> {
             a.target
         );
     }
-    with_dsl(&a.snapshot, true, |d| {
-        d.run(Op::Clone {
+    with_pool(&a.snapshot, true, |o| {
+        o.dsl.run(Op::Clone {
             snapshot: a.snapshot.clone(),
             target: a.target.clone(),
             props: props.clone(),
         })?;
+        remount(&o.dsl, &o.store, &[(a.target.clone(), None)]);
         Ok(())
     })
 }
@@ -434,7 +467,7 @@ fn list(a: ListArgs) -> Result<()> {
                 serde_json::Value::Object(m)
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     print_rows(
@@ -450,7 +483,7 @@ fn list(a: ListArgs) -> Result<()> {
 fn print_rows(header: &[String], rows: Vec<Vec<String>>, scripted: bool) {
     if scripted {
         for r in rows {
-            println!("{}", r.join("\t"));
+            outln!("{}", r.join("\t"));
         }
         return;
     }
@@ -460,7 +493,7 @@ fn print_rows(header: &[String], rows: Vec<Vec<String>>, scripted: bool) {
     for r in rows {
         t.add_row(r);
     }
-    println!("{t}");
+    outln!("{t}");
 }
 
 fn get(a: GetArgs) -> Result<()> {
@@ -499,7 +532,7 @@ fn get(a: GetArgs) -> Result<()> {
         }
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        outln!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
     print_rows(

@@ -112,24 +112,24 @@ fn dump_label(path: &Path, json: bool) -> Result<()> {
                 "root": u.root.describe(),
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("device {} ({} bytes)", path.display(), dev.size());
+    outln!("device {} ({} bytes)", path.display(), dev.size());
     for l in &good {
-        println!("--------------------------------------------");
-        println!("LABEL {}", l.index);
-        println!("--------------------------------------------");
-        println!("    pool: {} (guid {})", l.config.name, l.pool_guid);
-        println!("    state: {}", l.config.state.name());
-        println!("    txg: {}", l.config.txg);
-        println!("    version: {}", l.config.version);
-        println!("    hostname: {}", l.config.hostname);
-        println!("    leaf guid: {}  top guid: {}", l.leaf_guid, l.top_guid);
-        println!("    ashift: {}", l.config.ashift);
-        println!("    features: {}", l.config.features.join(", "));
+        outln!("--------------------------------------------");
+        outln!("LABEL {}", l.index);
+        outln!("--------------------------------------------");
+        outln!("    pool: {} (guid {})", l.config.name, l.pool_guid);
+        outln!("    state: {}", l.config.state.name());
+        outln!("    txg: {}", l.config.txg);
+        outln!("    version: {}", l.config.version);
+        outln!("    hostname: {}", l.config.hostname);
+        outln!("    leaf guid: {}  top guid: {}", l.leaf_guid, l.top_guid);
+        outln!("    ashift: {}", l.config.ashift);
+        outln!("    features: {}", l.config.features.join(", "));
         for t in &l.config.vdevs {
-            println!(
+            outln!(
                 "    vdev {}: {:?} {:?}{} guid {}",
                 t.id,
                 t.class,
@@ -142,16 +142,16 @@ fn dump_label(path: &Path, json: bool) -> Result<()> {
                 t.guid
             );
             for c in &t.children {
-                println!("        {} guid {}", c.path, c.guid);
+                outln!("        {} guid {}", c.path, c.guid);
             }
         }
     }
     for b in &bad {
-        println!("failed to unpack {b}");
+        outln!("failed to unpack {b}");
     }
-    println!("uberblocks ({} valid copies):", ubs.len());
+    outln!("uberblocks ({} valid copies):", ubs.len());
     for (i, u) in ubs.iter().rev().take(32) {
-        println!(
+        outln!(
             "    label {i} txg {} time {} root {}",
             u.txg,
             tank_pool::fmt_time(u.timestamp),
@@ -164,32 +164,35 @@ fn dump_label(path: &Path, json: bool) -> Result<()> {
 fn dump_tree(a: &TreeArgs) -> Result<()> {
     let opened = open_pool(&a.pool)?;
     let (root_bp, root) = opened.pool.root();
-    println!("pool {} txg {}", a.pool, opened.pool.synced_txg());
+    outln!("pool {} txg {}", a.pool, opened.pool.synced_txg());
     if let Some(bp) = root_bp {
-        println!("root block: {}", bp.describe());
+        outln!("root block: {}", bp.describe());
     }
     if let Some(r) = root {
-        println!("    history records: {}", r.history_count);
-        println!("    space map log: {} block(s)", r.spacemap_chain);
+        outln!("    history records: {}", r.history_count);
+        outln!("    space map log: {} block(s)", r.spacemap_chain);
         for bp in opened.pool.spacemap_chain() {
-            println!("        {}", bp.describe());
+            outln!("        {}", bp.describe());
         }
         if let Some(bp) = r.objset_table {
-            println!("    objset table: {}", bp.describe());
+            outln!("    objset table: {}", bp.describe());
         }
     }
     for (id, bp) in opened.pool.objsets() {
-        println!(
+        outln!(
             "objset {id}: root {}",
             bp.map(|b| b.describe()).unwrap_or_else(|| "empty".into())
         );
     }
     let os = opened.store.objset(a.objset)?;
-    println!("items of objset {} (first {}):", a.objset, a.limit);
+    outln!("items of objset {} (first {}):", a.objset, a.limit);
     for (k, desc) in os.dump(a.limit)? {
-        println!(
+        outln!(
             "    obj {} kind {} off {}: {}",
-            k.obj, k.kind, k.offset, desc
+            k.obj,
+            k.kind,
+            k.offset,
+            desc
         );
     }
     opened.close()
@@ -257,8 +260,8 @@ fn object(cmd: ObjectCmd) -> Result<()> {
             opened.pool.log_history(&crate::command_line());
             opened.store.sync()?;
             opened.close()?;
-            eprintln!("wrote {len} bytes as object {id} of objset {objset}");
-            println!("{id}");
+            errln!("wrote {len} bytes as object {id} of objset {objset}");
+            outln!("{id}");
             Ok(())
         }
         ObjectCmd::Read { pool, id, objset } => {
@@ -288,7 +291,7 @@ fn object(cmd: ObjectCmd) -> Result<()> {
             opened.pool.log_history(&crate::command_line());
             opened.store.sync()?;
             opened.close()?;
-            eprintln!("removed object {id} of objset {objset}");
+            errln!("removed object {id} of objset {objset}");
             Ok(())
         }
         ObjectCmd::List { pool, objset, json } => {
@@ -308,13 +311,16 @@ fn object(cmd: ObjectCmd) -> Result<()> {
             }
             opened.close()?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&infos)?);
+                outln!("{}", serde_json::to_string_pretty(&infos)?);
             } else {
-                println!("{:>8} {:>12} {:>8} {:>8}", "ID", "SIZE", "BLKSZ", "TXG");
+                outln!("{:>8} {:>12} {:>8} {:>8}", "ID", "SIZE", "BLKSZ", "TXG");
                 for i in infos {
-                    println!(
+                    outln!(
                         "{:>8} {:>12} {:>8} {:>8}",
-                        i.id, i.size, i.block_size, i.modified_txg
+                        i.id,
+                        i.size,
+                        i.block_size,
+                        i.modified_txg
                     );
                 }
             }

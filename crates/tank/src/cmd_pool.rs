@@ -161,13 +161,13 @@ fn create(a: CreateArgs) -> Result<()> {
     };
     let (pool, warnings) = Pool::create(&a.name, &spec, &devices, &opts)?;
     for w in &warnings {
-        eprintln!("warning: {w}");
+        errln!("warning: {w}");
     }
     let st = register(&pool)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&st)?);
+        outln!("{}", serde_json::to_string_pretty(&st)?);
     } else {
-        println!(
+        outln!(
             "created pool '{}': {} raw, {} usable, {}",
             st.name,
             human(st.space.size),
@@ -182,13 +182,21 @@ fn create(a: CreateArgs) -> Result<()> {
 /// pool in the cache file and closes it; returns its status.
 fn register(pool: &std::sync::Arc<Pool>) -> Result<PoolStatus> {
     pool.log_history(&crate::command_line());
-    let (store, _dsl) = crate::pools::open_datasets(pool)?;
+    let (store, dsl) = crate::pools::open_datasets(pool)?;
     store.sync()?;
     let mut cache = PoolCache::load(&data_dir())?;
     cache.upsert(cache_entry(pool));
     cache.save(&data_dir())?;
     let st = pool.status();
-    pool.shutdown()?;
+    if crate::pools::daemon_mode() {
+        crate::pools::adopt(crate::pools::Opened {
+            pool: pool.clone(),
+            store,
+            dsl,
+        });
+    } else {
+        pool.shutdown()?;
+    }
     Ok(st)
 }
 
@@ -258,13 +266,13 @@ fn list(a: ListArgs) -> Result<()> {
         }));
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        outln!("{}", serde_json::to_string_pretty(&json)?);
     } else if a.scripted {
         for r in rows {
-            println!("{}", r.join("\t"));
+            outln!("{}", r.join("\t"));
         }
     } else if rows.is_empty() {
-        println!("no pools available");
+        outln!("no pools available");
     } else {
         let mut t = Table::new();
         t.load_style(presets::NOTHING);
@@ -272,7 +280,7 @@ fn list(a: ListArgs) -> Result<()> {
         for r in rows {
             t.add_row(r);
         }
-        println!("{t}");
+        outln!("{t}");
     }
     Ok(())
 }
@@ -306,16 +314,16 @@ fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool) {
 }
 
 pub fn print_status(st: &PoolStatus, verbose: bool) {
-    println!("  pool: {}", st.name);
-    println!(" state: {}", st.state);
+    outln!("  pool: {}", st.name);
+    outln!(" state: {}", st.state);
     if let Some(s) = &st.status {
-        println!("status: {s}");
+        outln!("status: {s}");
     }
     if let Some(a) = &st.action {
-        println!("action: {a}");
+        outln!("action: {a}");
     }
-    println!("  scan: none requested");
-    println!("config:\n");
+    outln!("  scan: none requested");
+    outln!("config:\n");
     let mut t = Table::new();
     t.load_style(presets::NOTHING);
     let mut header = vec!["NAME", "STATE", "READ", "WRITE", "CKSUM"];
@@ -344,7 +352,7 @@ pub fn print_status(st: &PoolStatus, verbose: bool) {
             status_tree(&mut t, v, 1, verbose);
         }
     }
-    println!("{t}\n");
+    outln!("{t}\n");
     let freeing = if st.space.deferred > 0 {
         format!(
             " ({} of it freed, reusable within {} txgs)",
@@ -354,7 +362,7 @@ pub fn print_status(st: &PoolStatus, verbose: bool) {
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "space: {} raw, {} allocated{freeing}, {} free ({} usable for data); txg {}",
         human(st.space.size),
         human(st.space.allocated),
@@ -363,12 +371,12 @@ pub fn print_status(st: &PoolStatus, verbose: bool) {
         st.txg
     );
     if st.healed_blocks > 0 {
-        println!(
+        outln!(
             "healed: {} block(s) repaired from redundancy since import",
             st.healed_blocks
         );
     }
-    println!("errors: No known data errors");
+    outln!("errors: No known data errors");
 }
 
 fn status(a: StatusArgs) -> Result<()> {
@@ -377,20 +385,20 @@ fn status(a: StatusArgs) -> Result<()> {
         None => pool_names(&[])?,
     };
     if names.is_empty() {
-        println!("no pools available");
+        outln!("no pools available");
         return Ok(());
     }
     let mut all = Vec::new();
     for name in names {
         let opened = open_pool(&name)?;
         for n in &opened.pool.import_notes {
-            eprintln!("note: {n}");
+            errln!("note: {n}");
         }
         all.push(opened.pool.status());
         opened.close()?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        outln!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         for st in &all {
             print_status(st, a.verbose);
@@ -401,12 +409,14 @@ fn status(a: StatusArgs) -> Result<()> {
 
 fn export(name: &str) -> Result<()> {
     let opened = open_pool(name)?;
+    crate::mounts::unmount_pool(name)?;
     opened.pool.log_history(&crate::command_line());
     opened.pool.export()?;
+    crate::pools::forget(name);
     let mut cache = PoolCache::load(&data_dir())?;
     cache.remove(name);
     cache.save(&data_dir())?;
-    println!("exported pool '{name}'");
+    outln!("exported pool '{name}'");
     Ok(())
 }
 
@@ -425,14 +435,14 @@ fn import(a: ImportArgs) -> Result<()> {
             .filter(|c| cache.find(&c.guid.to_string()).is_none())
             .collect();
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&found)?);
+            outln!("{}", serde_json::to_string_pretty(&found)?);
         } else if found.is_empty() {
-            println!("no pools available to import");
+            outln!("no pools available to import");
         } else {
             for c in found {
-                println!("   pool: {}", c.name);
-                println!("     id: {}", c.guid);
-                println!(
+                outln!("   pool: {}", c.name);
+                outln!("     id: {}", c.guid);
+                outln!(
                     "  state: {}{}",
                     c.state,
                     if c.importable {
@@ -441,15 +451,15 @@ fn import(a: ImportArgs) -> Result<()> {
                         " (cannot be imported: too many devices missing)"
                     }
                 );
-                println!("   host: {}", c.hostname);
-                println!("devices: {} of {} found", c.devices_found, c.devices_total);
+                outln!("   host: {}", c.hostname);
+                outln!("devices: {} of {} found", c.devices_found, c.devices_total);
                 for v in &c.vdevs {
-                    println!("         {v}");
+                    outln!("         {v}");
                 }
                 for m in &c.missing {
-                    println!("missing: {m}");
+                    outln!("missing: {m}");
                 }
-                println!();
+                outln!();
             }
         }
         return Ok(());
@@ -470,20 +480,22 @@ fn import(a: ImportArgs) -> Result<()> {
     )?;
     drop(devs);
     for n in &pool.import_notes {
-        eprintln!("note: {n}");
+        errln!("note: {n}");
     }
     let st = register(&pool)?;
-    println!("imported pool '{}' ({})", st.name, st.state);
+    outln!("imported pool '{}' ({})", st.name, st.state);
     Ok(())
 }
 
 fn destroy(a: DestroyArgs) -> Result<()> {
     let opened = open_pool(&a.name)?;
+    crate::mounts::unmount_pool(&a.name)?;
     opened.pool.destroy()?;
+    crate::pools::forget(&a.name);
     let mut cache = PoolCache::load(&data_dir())?;
     cache.remove(&a.name);
     cache.save(&data_dir())?;
-    println!("destroyed pool '{}'", a.name);
+    outln!("destroyed pool '{}'", a.name);
     Ok(())
 }
 
@@ -595,10 +607,10 @@ fn iostat(a: IostatArgs) -> Result<()> {
             *p = st;
         }
         if a.json {
-            println!("{}", serde_json::to_string(&out_json)?);
+            outln!("{}", serde_json::to_string(&out_json)?);
             out_json.clear();
         } else {
-            println!("{t}\n");
+            outln!("{t}\n");
         }
     }
     for o in opened {
@@ -617,11 +629,11 @@ fn history(a: HistoryArgs) -> Result<()> {
         let h = opened.pool.history()?;
         opened.close()?;
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&h)?);
+            outln!("{}", serde_json::to_string_pretty(&h)?);
         } else {
-            println!("History for '{name}':");
+            outln!("History for '{name}':");
             for r in h {
-                println!(
+                outln!(
                     "{} {} [txg {} on {}]",
                     tank_pool::fmt_time(r.time),
                     r.command,
@@ -629,7 +641,7 @@ fn history(a: HistoryArgs) -> Result<()> {
                     r.host
                 );
             }
-            println!();
+            outln!();
         }
     }
     Ok(())

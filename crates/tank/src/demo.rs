@@ -62,13 +62,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let size = parse_size(&a.size)?;
     let dir = data_dir();
     if ensure_default_pool()? {
-        println!(
+        outln!(
             "created pool '{DEFAULT_POOL}': raidz2 of 6 sparse file devices of {} in {}",
             human(DEFAULT_DEVICE_SIZE),
             dir.join("devices").display()
         );
     } else {
-        println!("using pool '{DEFAULT_POOL}' from {}", dir.display());
+        outln!("using pool '{DEFAULT_POOL}' from {}", dir.display());
     }
     let opened = open_pool(DEFAULT_POOL)?;
     let os = opened.store.objset(tank_object::ROOT_OBJSET)?;
@@ -91,7 +91,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     opened.store.sync()?;
     let wsecs = start.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "wrote {} of random data as object {id} and synced: {:.0} MB/s",
         human(size),
         size as f64 / wsecs / 1e6
@@ -109,7 +109,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         off += n as u64;
     }
     let rsecs = start.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "read it back and verified every byte: {:.0} MB/s",
         size as f64 / rsecs / 1e6
     );
@@ -121,11 +121,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .pool
         .log_history("tank demo (wrote, verified and removed a test object)");
     opened.store.sync()?;
-    println!("removed the test object\n");
+    outln!("removed the test object\n");
     crate::cmd_pool::print_status(&opened.pool.status(), false);
     opened.close()?;
-    println!(
-        "\nnext: 'tank pool status', 'tank pool history', 'tank debug object write tank FILE'"
-    );
+    outln!("\nnext: 'tank pool status', 'tank pool history', 'tank debug object write tank FILE'");
     Ok(())
 }

@@ -6,14 +6,18 @@
 //! zpool/zfs; every listing command has `--json`. Errors are printed as one clear message and
 //! a non-zero exit; nothing panics on bad input.
 
+#[macro_use]
+mod out;
 mod bench;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
+mod daemon;
 mod datadir;
 mod demo;
 mod emulate;
 mod fsbench;
+mod mounts;
 mod plan;
 mod pools;
 
@@ -50,6 +54,13 @@ enum Command {
     Rollback(cmd_dataset::RollbackArgs),
     /// Create a writable clone of a snapshot.
     Clone(cmd_dataset::CloneArgs),
+    /// Mount a filesystem dataset with FUSE (in the daemon, or in the foreground without one).
+    Mount(mounts::MountArgs),
+    /// Unmount a dataset or directory.
+    Unmount(mounts::UnmountArgs),
+    /// Run the daemon: own the pools, mount their filesystems, answer the CLI on a local
+    /// socket. With nothing configured, create the default pool first.
+    Serve(daemon::ServeArgs),
     /// Inspect on-disk structures and exercise the engine (in the spirit of zdb).
     #[command(subcommand)]
     Debug(cmd_debug::DebugCmd),
@@ -65,21 +76,79 @@ enum Command {
     Plan(plan::PlanArgs),
 }
 
-fn main() {
-    let cli = Cli::parse();
-    let result = match cli.command {
+fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Pool(c) => cmd_pool::run(c),
         Command::Dataset(c) => cmd_dataset::run(c),
         Command::Snapshot(a) => cmd_dataset::snapshot(a),
         Command::Rollback(a) => cmd_dataset::rollback(a),
         Command::Clone(a) => cmd_dataset::clone(a),
+        Command::Mount(a) => mounts::run_mount(a),
+        Command::Unmount(a) => mounts::run_unmount(a),
+        Command::Serve(a) => daemon::run(a),
         Command::Debug(c) => cmd_debug::run(c),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => fsbench::run(a),
         Command::BenchEngine(a) => bench::run(a),
         Command::Plan(a) => plan::run(a),
+    }
+}
+
+/// Commands that act on pools, and so go to the daemon when one runs.
+fn forwarded(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Pool(_)
+            | Command::Dataset(_)
+            | Command::Snapshot(_)
+            | Command::Rollback(_)
+            | Command::Clone(_)
+            | Command::Mount(_)
+            | Command::Unmount(_)
+            | Command::Debug(_)
+    )
+}
+
+/// Runs a client's command line in the daemon; returns its exit status.
+pub fn run_in_daemon(argv: Vec<String>) -> i32 {
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            errln!("{e}");
+            return 2;
+        }
     };
-    if let Err(e) = result {
+    if !forwarded(&cli.command) {
+        errln!("tank: this command runs in the client, not in the daemon");
+        return 2;
+    }
+    match dispatch(cli.command) {
+        Ok(()) => 0,
+        Err(e) => {
+            errln!("tank: {e:#}");
+            1
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if forwarded(&cli.command) {
+        let argv: Vec<String> = std::env::args().skip(1).collect();
+        match daemon::forward(&argv) {
+            Ok(Some(reply)) => {
+                out::write_out(&reply.stdout);
+                out::write_err(&reply.stderr);
+                std::process::exit(reply.code);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("tank: the daemon did not answer: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    }
+    if let Err(e) = dispatch(cli.command) {
         eprintln!("tank: {e:#}");
         std::process::exit(1);
     }
@@ -87,6 +156,9 @@ fn main() {
 
 /// The command line as typed, for the pool history.
 pub fn command_line() -> String {
+    if let Some(c) = out::command() {
+        return c;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!("tank {}", args.join(" "))
 }

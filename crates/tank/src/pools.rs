@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use anyhow::{bail, Context, Result};
 use tank_dataset::Dsl;
 use tank_device::{DeviceRef, FileDevice, FileDeviceOptions};
@@ -29,10 +31,64 @@ pub fn open_datasets(pool: &Arc<Pool>) -> Result<(Arc<ObjectStore>, Arc<Dsl>)> {
 }
 
 impl Opened {
-    /// Syncs and closes the pool, leaving it imported.
+    /// Syncs and closes the pool, leaving it imported (in the daemon, where pools stay
+    /// open between commands, only syncs).
     pub fn close(self) -> Result<()> {
-        self.pool.shutdown()?;
+        if daemon_pool(&self.pool.name()).is_some() {
+            self.store.sync()?;
+        } else {
+            self.pool.shutdown()?;
+        }
         Ok(())
+    }
+}
+
+/// The pools the daemon owns, by name. Empty in a CLI process.
+static DAEMON_POOLS: Mutex<Option<HashMap<String, Opened>>> = Mutex::new(None);
+
+/// Whether this process is the daemon (commands keep pools open in it).
+pub fn daemon_mode() -> bool {
+    DAEMON_POOLS.lock().is_some()
+}
+
+pub fn enter_daemon_mode() {
+    DAEMON_POOLS.lock().get_or_insert_with(HashMap::new);
+}
+
+fn daemon_pool(name: &str) -> Option<Opened> {
+    DAEMON_POOLS.lock().as_ref()?.get(name).map(Opened::share)
+}
+
+/// Keeps a pool open in the daemon (after create or import).
+pub fn adopt(opened: Opened) {
+    if let Some(map) = DAEMON_POOLS.lock().as_mut() {
+        map.insert(opened.pool.name(), opened);
+    }
+}
+
+/// Forgets a pool the daemon owned (after export or destroy).
+pub fn forget(name: &str) {
+    if let Some(map) = DAEMON_POOLS.lock().as_mut() {
+        map.remove(name);
+    }
+}
+
+/// The daemon's pools.
+pub fn daemon_pools() -> Vec<Opened> {
+    DAEMON_POOLS
+        .lock()
+        .as_ref()
+        .map(|m| m.values().map(Opened::share).collect())
+        .unwrap_or_default()
+}
+
+impl Opened {
+    fn share(&self) -> Opened {
+        Opened {
+            pool: self.pool.clone(),
+            store: self.store.clone(),
+            dsl: self.dsl.clone(),
+        }
     }
 }
 
@@ -83,6 +139,9 @@ pub fn cache_entry(pool: &Pool) -> CachedPool {
 
 /// Opens an imported pool by name through the cache file.
 pub fn open_pool(name: &str) -> Result<Opened> {
+    if let Some(o) = daemon_pool(name) {
+        return Ok(o);
+    }
     let dir = data_dir();
     let cache = PoolCache::load(&dir)?;
     let Some(entry) = cache.find(name) else {
@@ -123,7 +182,7 @@ pub fn open_pool(name: &str) -> Result<Opened> {
         }
     })?;
     for p in &problems {
-        eprintln!("warning: {p}");
+        errln!("warning: {p}");
     }
     let (store, dsl) = open_datasets(&pool)?;
     Ok(Opened { pool, store, dsl })

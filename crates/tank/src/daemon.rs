@@ -1,0 +1,216 @@
+//! `tank serve`: the daemon that owns the pools, and the local socket the CLI talks to.
+//!
+//! # Theory of operation
+//! On start the daemon creates the default pool when nothing is configured (six sparse
+//! file devices in raidz2 under the data directory, its root filesystem mounted under
+//! `DATA_DIR/mnt/tank`), imports every pool of the cache file, mounts every filesystem
+//! with a mountpoint, and listens on `DATA_DIR/tank.sock`.
+//!
+//! **The local API** is one JSON object per line each way. A request names a CLI command:
+//! `{"argv": ["dataset", "list", "--json"]}`; the reply carries what the command printed
+//! and its exit status: `{"code": 0, "stdout": "...", "stderr": ""}`. Commands run in the
+//! daemon on the pools it holds open (the same code as without a daemon), each on its own
+//! thread with its output captured, so `--json` output is the structured API. The CLI
+//! forwards every pool and dataset command when the socket answers, and runs it in its own
+//! process otherwise.
+//!
+//! SIGTERM or SIGINT unmounts every filesystem, syncs and exports every pool (they stay in
+//! the cache file, so the next start imports them), removes the socket and exits.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use tank_dataset::{DatasetKind, Op};
+
+use crate::datadir::{data_dir, human, PoolCache};
+use crate::demo::{ensure_default_pool, DEFAULT_DEVICE_SIZE, DEFAULT_POOL};
+use crate::pools::{daemon_pools, enter_daemon_mode, open_pool};
+
+#[derive(Args)]
+pub struct ServeArgs {}
+
+#[derive(Serialize, Deserialize)]
+pub struct Request {
+    pub argv: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Reply {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn socket_path() -> PathBuf {
+    data_dir().join("tank.sock")
+}
+
+/// Sends a command to a running daemon; None when no daemon answers.
+pub fn forward(argv: &[String]) -> Result<Option<Reply>> {
+    let path = socket_path();
+    let Ok(mut stream) = UnixStream::connect(&path) else {
+        return Ok(None);
+    };
+    let mut line = serde_json::to_string(&Request {
+        argv: argv.to_vec(),
+    })?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream)
+        .read_line(&mut reply)
+        .context("the daemon closed the connection")?;
+    Ok(Some(serde_json::from_str(&reply).with_context(|| {
+        format!("unreadable reply from the daemon at {}", path.display())
+    })?))
+}
+
+fn handle(stream: UnixStream) -> Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let req: Request = serde_json::from_str(&line).context("malformed request")?;
+    let command = format!("tank {}", req.argv.join(" "));
+    let (code, out) = crate::out::capture(command, || {
+        let mut argv = vec!["tank".to_string()];
+        argv.extend(req.argv.iter().cloned());
+        crate::run_in_daemon(argv)
+    });
+    let reply = Reply {
+        code,
+        stdout: out.stdout,
+        stderr: out.stderr,
+    };
+    let mut w = stream;
+    let mut s = serde_json::to_string(&reply)?;
+    s.push('\n');
+    w.write_all(s.as_bytes())?;
+    Ok(())
+}
+
+/// Mounts every filesystem of the daemon's pools that has a mountpoint.
+fn mount_all() {
+    for opened in daemon_pools() {
+        for id in opened.dsl.all_ids() {
+            let Ok(rec) = opened.dsl.record(id) else {
+                continue;
+            };
+            if rec.kind != DatasetKind::Filesystem {
+                continue;
+            }
+            let name = opened.dsl.name_of(id);
+            let mp = opened.dsl.prop(id, "mountpoint").unwrap_or_default();
+            if mp == "none" || mp == "legacy" || mp.is_empty() {
+                continue;
+            }
+            match crate::mounts::mount_dataset(&opened.dsl, &opened.store, &name, None) {
+                Ok(dir) => println!("mounted {name} at {}", dir.display()),
+                Err(e) => eprintln!("warning: cannot mount {name}: {e:#}"),
+            }
+        }
+    }
+}
+
+pub fn run(_a: ServeArgs) -> Result<()> {
+    let dir = data_dir();
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    let sock = socket_path();
+    if UnixStream::connect(&sock).is_ok() {
+        bail!(
+            "a tank daemon is already running (socket {}); stop it first",
+            sock.display()
+        );
+    }
+    let _ = std::fs::remove_file(&sock);
+    if PoolCache::load(&dir)?.pools.is_empty() && ensure_default_pool()? {
+        println!(
+            "created pool '{DEFAULT_POOL}': raidz2 of 6 sparse file devices of {} in {}",
+            human(DEFAULT_DEVICE_SIZE),
+            dir.join("devices").display()
+        );
+        let opened = open_pool(DEFAULT_POOL)?;
+        let mnt = dir.join("mnt").join(DEFAULT_POOL);
+        opened.dsl.run(Op::SetProps {
+            name: DEFAULT_POOL.into(),
+            props: vec![(
+                "mountpoint".into(),
+                Some(mnt.to_string_lossy().into_owned()),
+            )],
+        })?;
+        opened
+            .pool
+            .log_history("tank serve (create the default pool)");
+        opened.close()?;
+    }
+    enter_daemon_mode();
+    for entry in PoolCache::load(&dir)?.pools {
+        // Imported through the cache as the CLI does, then kept open.
+        let opened = match open_pool(&entry.name) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("warning: cannot import pool '{}': {e:#}", entry.name);
+                continue;
+            }
+        };
+        let space = opened.pool.space();
+        println!(
+            "imported pool '{}' ({}, {} usable)",
+            entry.name,
+            opened.pool.state(),
+            human(space.usable)
+        );
+        crate::pools::adopt(opened);
+    }
+    mount_all();
+    let listener = UnixListener::bind(&sock)
+        .with_context(|| format!("cannot listen on {}", sock.display()))?;
+    println!(
+        "listening on {} (stop with Ctrl-C or SIGTERM)",
+        sock.display()
+    );
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                if let Err(e) = handle(stream) {
+                    eprintln!("warning: client request failed: {e:#}");
+                }
+            });
+        }
+    });
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
+    let sig = signals.forever().next();
+    println!("signal {}: stopping", sig.unwrap_or(0));
+    let _ = std::fs::remove_file(&sock);
+    let mut failed = false;
+    for p in crate::mounts::unmount_all() {
+        eprintln!("warning: {p}");
+        failed = true;
+    }
+    for opened in daemon_pools() {
+        let name = opened.pool.name();
+        opened.pool.log_history("tank serve (stop: export)");
+        match opened.pool.export() {
+            Ok(()) => println!("exported pool '{name}'"),
+            Err(e) => {
+                eprintln!("warning: cannot export '{name}': {e:#}");
+                failed = true;
+            }
+        }
+        crate::pools::forget(&name);
+    }
+    // Let client threads finish their replies.
+    std::thread::sleep(Duration::from_millis(50));
+    if failed {
+        bail!("stopped with errors (see above)");
+    }
+    Ok(())
+}

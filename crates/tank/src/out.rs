@@ -1,0 +1,82 @@
+//! Command output that the daemon can capture.
+//!
+//! # Theory of operation
+//! Commands print through `outln!`/`out!`/`errln!` instead of `println!`. In the CLI these
+//! go to stdout and stderr. When the daemon runs a command for a client, it runs it on its
+//! own thread inside `capture`, which collects that thread's output for the reply; other
+//! threads are untouched.
+
+use std::cell::RefCell;
+use std::io::Write;
+
+#[derive(Debug, Default, Clone)]
+pub struct Captured {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+thread_local! {
+    static CAPTURE: RefCell<Option<Captured>> = const { RefCell::new(None) };
+    static COMMAND: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// The command line a client sent, for the pool history (None in the CLI).
+pub fn command() -> Option<String> {
+    COMMAND.with(|c| c.borrow().clone())
+}
+
+pub fn write_out(s: &str) {
+    let captured = CAPTURE.with(|c| {
+        if let Some(buf) = c.borrow_mut().as_mut() {
+            buf.stdout.push_str(s);
+            true
+        } else {
+            false
+        }
+    });
+    if !captured {
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(s.as_bytes());
+        let _ = o.flush();
+    }
+}
+
+pub fn write_err(s: &str) {
+    let captured = CAPTURE.with(|c| {
+        if let Some(buf) = c.borrow_mut().as_mut() {
+            buf.stderr.push_str(s);
+            true
+        } else {
+            false
+        }
+    });
+    if !captured {
+        let _ = std::io::stderr().lock().write_all(s.as_bytes());
+    }
+}
+
+/// Runs `f` for a client's `command` with this thread's output collected.
+pub fn capture<R>(command: String, f: impl FnOnce() -> R) -> (R, Captured) {
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Captured::default()));
+    COMMAND.with(|c| *c.borrow_mut() = Some(command));
+    let r = f();
+    COMMAND.with(|c| *c.borrow_mut() = None);
+    let out = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (r, out)
+}
+
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::out::write_out("\n") };
+    ($($t:tt)*) => { $crate::out::write_out(&format!("{}\n", format_args!($($t)*))) };
+}
+
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => { $crate::out::write_out(&format!($($t)*)) };
+}
+
+#[macro_export]
+macro_rules! errln {
+    ($($t:tt)*) => { $crate::out::write_err(&format!("{}\n", format_args!($($t)*))) };
+}
