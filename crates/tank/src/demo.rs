@@ -71,7 +71,15 @@ pub fn run(a: DemoArgs) -> Result<()> {
         outln!("using pool '{DEFAULT_POOL}' from {}", dir.display());
     }
     let opened = open_pool(DEFAULT_POOL)?;
-    let os = opened.store.objset(tank_object::ROOT_OBJSET)?;
+    // The test data goes in a dataset of its own, destroyed at the end.
+    let scratch = format!("{DEFAULT_POOL}/demo-{}", std::process::id());
+    opened.dsl.run(tank_dataset::Op::Create {
+        name: scratch.clone(),
+        kind: tank_dataset::DatasetKind::Filesystem,
+        props: vec![],
+        parents: false,
+    })?;
+    let os = opened.dsl.objset(opened.dsl.resolve(&scratch)?)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x7a4b);
     let chunk = 8 << 20;
     let id = {
@@ -92,7 +100,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     opened.store.sync()?;
     let wsecs = start.elapsed().as_secs_f64();
     outln!(
-        "wrote {} of random data as object {id} and synced: {:.0} MB/s",
+        "wrote {} of random data to dataset {scratch} and synced: {:.0} MB/s",
         human(size),
         size as f64 / wsecs / 1e6
     );
@@ -113,15 +121,17 @@ pub fn run(a: DemoArgs) -> Result<()> {
         "read it back and verified every byte: {:.0} MB/s",
         size as f64 / rsecs / 1e6
     );
-    {
-        let tx = opened.store.begin(0)?;
-        os.free_object(&tx, id)?;
-    }
+    drop(os);
+    opened.dsl.run(tank_dataset::Op::Destroy {
+        name: scratch.clone(),
+        recursive: false,
+        dependents: false,
+    })?;
     opened
         .pool
-        .log_history("tank demo (wrote, verified and removed a test object)");
+        .log_history("tank demo (wrote, verified and removed a test dataset)");
     opened.store.sync()?;
-    outln!("removed the test object\n");
+    outln!("removed the test dataset {scratch}\n");
     crate::cmd_pool::print_status(&opened.pool.status(), false);
     opened.close()?;
     outln!("\nnext: 'tank pool status', 'tank pool history', 'tank debug object write tank FILE'");
