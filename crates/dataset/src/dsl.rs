@@ -1683,12 +1683,7 @@ impl Dsl {
                 )));
             }
         }
-        // Execute: clones' and children's heads go deepest-first; each head's snapshots
-        // newest-first before it.
-        let depth = |st: &State, x: u64| st.ancestors_and_self(x).len();
-        heads.sort_by_key(|h| std::cmp::Reverse(depth(st, *h)));
-        let mut destroyed = Vec::new();
-        // Snapshots of heads that are not destroyed (destroying a snapshot alone).
+        // Snapshots destroyed on their own (their dataset stays).
         let lone: Vec<u64> = snaps
             .iter()
             .copied()
@@ -1698,18 +1693,39 @@ impl Dsl {
                     .is_some_and(|r| !heads.contains(&r.parent))
             })
             .collect();
-        for s in lone {
-            self.destroy_snapshot(st, ctx, s)?;
-            destroyed.push(s);
-        }
-        for h in heads {
+        // Execute: a head goes once none of its children and no clone of its snapshots
+        // remains (each head's snapshots newest-first, then the head); then the snapshots
+        // destroyed alone, whose clones went with the heads.
+        let mut destroyed = Vec::new();
+        let mut remaining = heads;
+        while !remaining.is_empty() {
+            let ready = remaining.iter().position(|h| {
+                let child_left = remaining
+                    .iter()
+                    .any(|x| x != h && st.records.get(x).is_some_and(|r| r.parent == *h));
+                let clone_left = st.snapshots(*h).iter().any(|s| {
+                    st.records
+                        .get(s)
+                        .is_some_and(|r| r.clones.iter().any(|c| st.records.contains_key(c)))
+                });
+                !child_left && !clone_left
+            });
+            let Some(pos) = ready else {
+                return Err(DslError::Corrupt(
+                    "datasets and clones depend on each other in a cycle".into(),
+                ));
+            };
+            let h = remaining.remove(pos);
             for s in st.snapshots(h).into_iter().rev() {
-                // Clones of these snapshots were destroyed already (deeper or earlier).
                 self.destroy_snapshot(st, ctx, s)?;
                 destroyed.push(s);
             }
             self.destroy_head(st, ctx, h)?;
             destroyed.push(h);
+        }
+        for s in lone {
+            self.destroy_snapshot(st, ctx, s)?;
+            destroyed.push(s);
         }
         Ok(destroyed)
     }

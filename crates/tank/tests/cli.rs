@@ -363,3 +363,153 @@ fn bench_emulates_a_planned_build() {
         "{left:?}"
     );
 }
+
+#[test]
+fn datasets_snapshots_and_clones_from_the_command_line() {
+    let env = Env::new();
+    let d = devs("m", 3);
+    let mut args = vec!["pool", "create", "--size", "256M", "p", "raidz1"];
+    args.extend(d.iter().map(String::as_str));
+    env.ok(&args);
+    env.ok(&["dataset", "create", "-o", "compression=zstd", "p/home"]);
+    env.ok(&["dataset", "create", "-p", "p/a/b/c"]);
+    env.ok(&["dataset", "create", "-V", "32M", "p/vol"]);
+    env.ok(&["snapshot", "-r", "p@one"]);
+    let list = env.ok(&["dataset", "list", "-t", "all", "-H", "-o", "name"]);
+    for name in ["p", "p@one", "p/home@one", "p/a/b/c@one", "p/vol@one"] {
+        assert!(
+            list.lines().any(|l| l == name),
+            "{name} missing from:\n{list}"
+        );
+    }
+    let got = env.ok(&["dataset", "get", "-H", "compression", "p/home"]);
+    assert_eq!(got.trim(), "p/home\tcompression\tzstd\tlocal");
+    let got = env.ok(&["dataset", "get", "-H", "-p", "used,volsize", "p/vol"]);
+    assert!(got.contains("volsize\t33554432"), "{got}");
+    // The volume reserves its size: the parent's used shows it.
+    let used: u64 = env
+        .ok(&["dataset", "list", "-H", "-p", "-o", "used", "p"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(used >= 32 << 20, "used {used}");
+    env.ok(&["dataset", "set", "atime=off", "recordsize=1M", "p/home"]);
+    env.ok(&["dataset", "inherit", "recordsize", "p/home"]);
+    let got = env.ok(&["dataset", "get", "-H", "atime,recordsize", "p/home"]);
+    assert!(got.contains("atime\toff\tlocal"), "{got}");
+    assert!(got.contains("recordsize\t128K\tdefault"), "{got}");
+    env.ok(&["clone", "p/home@one", "p/copy"]);
+    let got = env.ok(&["dataset", "get", "-H", "origin", "p/copy"]);
+    assert!(got.contains("p/home@one"), "{got}");
+    env.ok(&["dataset", "rename", "p/a", "p/home/a"]);
+    env.ok(&["rollback", "p/home@one"]);
+    let json = env.ok(&["dataset", "list", "-r", "--json", "p/home"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(v.as_array().unwrap().len() >= 4, "{json}");
+
+    // Refusals, each clear and changing nothing.
+    env.fails(&["dataset", "create", "p/bad!name"], "invalid dataset name");
+    env.fails(&["dataset", "create", "p/x/y"], "use -p");
+    env.fails(
+        &["dataset", "set", "recordsize=3K", "p/home"],
+        "power of two",
+    );
+    env.fails(&["dataset", "set", "checksum=off", "p/home"], "never");
+    env.fails(&["dataset", "set", "used=1", "p/home"], "read-only");
+    env.fails(&["dataset", "destroy", "p/home"], "use -r");
+    env.fails(&["dataset", "destroy", "p/home@one"], "clones");
+    env.fails(&["dataset", "rename", "p/home", "q/home"], "another pool");
+    env.fails(
+        &["dataset", "create", "-V", "100G", "p/big"],
+        "not enough free space",
+    );
+    env.fails(&["rollback", "p/home"], "not a snapshot");
+    env.ok(&["dataset", "destroy", "-R", "p/home"]);
+    let list = env.ok(&["dataset", "list", "-t", "all", "-H", "-o", "name"]);
+    assert!(
+        !list.contains("p/home") && !list.contains("p/copy"),
+        "{list}"
+    );
+    let hist = env.ok(&["pool", "history", "p"]);
+    assert!(hist.contains("tank snapshot -r p@one"), "{hist}");
+}
+
+/// Stops a daemon on drop, so a failed test leaves nothing mounted or running.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn serve_creates_mounts_and_answers_the_cli() {
+    if !std::path::Path::new("/dev/fuse").exists() {
+        println!("skipped: /dev/fuse missing");
+        return;
+    }
+    let env = Env::new();
+    let start = || {
+        let child = Command::new(env!("CARGO_BIN_EXE_tank"))
+            .arg("serve")
+            .env("TANK_DATA_DIR", env.path("data"))
+            .current_dir(env.dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let d = Daemon(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !env.path("data/tank.sock").exists() {
+            assert!(std::time::Instant::now() < deadline, "daemon did not start");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        d
+    };
+    let mnt = env.path("data/mnt/tank");
+    {
+        let _d = start();
+        // The default pool, its root filesystem mounted under the data directory.
+        let list = env.ok(&["pool", "list", "-H"]);
+        assert!(list.contains("tank"), "{list}");
+        std::fs::write(mnt.join("hello.txt"), b"kept across restarts").unwrap();
+        // Commands go through the daemon (the pool is held by it).
+        env.ok(&["dataset", "create", "tank/docs"]);
+        assert!(mnt.join("docs").is_dir(), "new filesystem mounted");
+        std::fs::write(mnt.join("docs/a"), b"A").unwrap();
+        env.ok(&["snapshot", "-r", "tank@s"]);
+        std::fs::remove_file(mnt.join("docs/a")).unwrap();
+        assert_eq!(
+            std::fs::read(mnt.join("docs/.tank/snapshot/s/a")).unwrap(),
+            b"A"
+        );
+        env.ok(&["rollback", "tank/docs@s"]);
+        assert_eq!(std::fs::read(mnt.join("docs/a")).unwrap(), b"A");
+        let hist = env.ok(&["pool", "history", "tank"]);
+        assert!(hist.contains("tank rollback tank/docs@s"), "{hist}");
+    }
+    // SIGTERM unmounted and exported; a second start brings everything back.
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains(&mnt.to_string_lossy().to_string()),
+        "{mounts}"
+    );
+    let _d = start();
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"kept across restarts"
+    );
+    assert_eq!(std::fs::read(mnt.join("docs/a")).unwrap(), b"A");
+}
