@@ -10,27 +10,37 @@
 //! # What the kernel does and what we do
 //! - Permissions: the mount has no `default_permissions`; `Fs` checks every operation with
 //!   the caller's uid, gid and supplementary groups. The kernel still checks execute bits
-//!   of regular files itself, and the sticky bit on removal.
+//!   of regular files itself, and the sticky bit on removal. The one check `Fs` cannot make
+//!   is search permission on the directories of a path the kernel resolves from its dentry
+//!   cache without asking us: so a name is cached (entry TTL) only in a directory every
+//!   user may search (mode has all three x bits); in any other directory the kernel looks
+//!   the name up again, with the caller's credentials, at each use. A directory made
+//!   unsearchable by chmod stops being bypassed within the TTL.
 //! - umask: we do not ask for FUSE_DONT_MASK, so the kernel applies the umask to the mode
 //!   of mkdir/mknod/create; we apply the `umask` field of the request again, which changes
 //!   nothing when it was applied already and is exact if it was not.
-//! - O_TRUNC arrives as `setattr(size = 0)` before the open (no FUSE_ATOMIC_O_TRUNC).
-//! - create = `Fs::mknod` + `Fs::open`; the open of a file just created skips the
-//!   permission check (POSIX: `open(O_CREAT|O_RDWR, 0444)` succeeds for its creator).
+//! - O_TRUNC comes with the open (FUSE_ATOMIC_O_TRUNC) and `Fs::open` truncates; create is
+//!   `Fs::create`, whose open skips the permission check (POSIX: `open(O_CREAT|O_RDWR,
+//!   0444)` succeeds for its creator).
+//! - truncate(2) and ftruncate(2) come as `setattr(size)` with mtime "now"; the mtime is
+//!   dropped (`Fs` stamps it when the size changes), since a writer who is not the owner
+//!   may truncate but not set times.
 //! - Writeback cache (when negotiated): the kernel buffers writes and sends them later
 //!   marked FUSE_WRITE_CACHE, with no meaningful credentials: those run as root and never
-//!   append (the kernel chose the offset, O_APPEND included). It also flushes the mtime it
-//!   kept (`setattr` of mtime and ctime) on fsync and writeback with whatever credentials
-//!   the flushing thread has; when `Fs` refuses that for a non-owner, the flush is
-//!   answered with the current attributes (the write already set mtime in `Fs`).
-//! - Set-uid/set-gid clearing: we ask for FUSE_HANDLE_KILLPRIV_V2, which makes it ours: the
-//!   kernel flags a write by a caller without CAP_FSETID (`FUSE_WRITE_KILL_SUIDGID`, and
-//!   such writes bypass the writeback cache), and expects a truncate by such a caller
-//!   (uid ≠ 0 here) and any chown of a non-directory to clear the bits. We clear S_ISUID,
-//!   and S_ISGID when group-execute is set, as the kernel would. On kernels without v2 the
-//!   kernel sends that clearing as a `setattr(mode)` with the writer's credentials, which a
-//!   non-owner may not do: such a mode change that only drops those bits is done for any
-//!   caller with write access.
+//!   append (the kernel chose the offset, O_APPEND included). The kernel then keeps mtime
+//!   itself: "now" arrives as an explicit time equal to the request's ctime (told apart
+//!   from an explicit time, which differs), and it flushes the mtime it kept (`setattr` of
+//!   mtime alone) on fsync with the credentials of whoever syncs; when `Fs` refuses that to
+//!   a writer who is not the owner, the flush is answered with the current attributes (the
+//!   write already set mtime in `Fs`).
+//! - Set-uid/set-gid clearing: we ask for FUSE_HANDLE_KILLPRIV_V2, which makes it the
+//!   filesystem's job, and `Fs` does it: a write or truncate by anyone but root, and any
+//!   chown of a non-directory, clear S_ISUID (and S_ISGID when group-executable). The
+//!   kernel sends a write by a caller without CAP_FSETID past its writeback cache, with our
+//!   credentials and FUSE_WRITE_KILL_SUIDGID, which we honour even for a root caller. On
+//!   kernels without v2 the kernel sends the clearing as a `setattr(mode)` with the
+//!   writer's credentials, which a non-owner may not do: such a mode change that only
+//!   drops those bits is done for any caller with write access.
 //! - Snapshots (slots ≠ 0) and the virtual directories refuse every change with EROFS;
 //!   their files are opened with FOPEN_KEEP_CACHE and their directories with
 //!   FOPEN_CACHE_DIR, since they never change. Live files keep close-to-open consistency
@@ -181,16 +191,31 @@ impl Server {
         parent.0 == ROOT_INO && name.as_bytes() == CONTROL_NAME.as_bytes()
     }
 
-    fn entry<'a>(&self, slot: u16, attr: &Attr, pin: Option<Pin<'a>>) -> Result<Entry<'a>> {
+    /// A node of `slot` for the kernel, its name cached for `entry_ttl`.
+    fn entry<'a>(
+        &self,
+        slot: u16,
+        attr: &Attr,
+        pin: Option<Pin<'a>>,
+        entry_ttl: Duration,
+    ) -> Result<Entry<'a>> {
         let nodeid = encode(slot, attr.ino)?;
-        let ttl = self.ttl_for(slot);
         Ok(Entry {
             attr: file_attr(attr, nodeid),
             generation: attr.generation,
-            attr_ttl: ttl,
-            entry_ttl: ttl,
+            attr_ttl: self.ttl_for(slot),
+            entry_ttl,
             pin,
         })
+    }
+
+    /// How long the kernel may keep names of directory `parent`: the slot's TTL if every
+    /// user may search `parent`, else none (module header, "Permissions").
+    fn name_ttl(&self, fs: &Fs, slot: u16, parent: Ino) -> Duration {
+        match fs.getattr(parent) {
+            Ok(a) if u32::from(a.perm) & 0o111 == 0o111 => self.ttl_for(slot),
+            _ => Duration::ZERO,
+        }
     }
 
     fn virtual_entry(&self, node: Node) -> Entry<'static> {
@@ -243,10 +268,8 @@ impl Server {
         }
         let (slot, fs, pin) = self.slots.open(name, || source.open(name))?;
         let attr = fs.getattr(ROOT_INO)?;
-        let mut entry = self.entry(slot, &attr, Some(pin))?;
         // The set of snapshots changes: the name is cached only briefly.
-        entry.entry_ttl = self.ttl;
-        Ok(entry)
+        self.entry(slot, &attr, Some(pin), self.ttl)
     }
 
     fn do_lookup(&self, req: &Request, parent: INodeNo, name: &OsStr) -> Result<Entry<'_>> {
@@ -266,7 +289,7 @@ impl Server {
                 let fs = self.slots.fs(slot)?;
                 let pin = self.slots.pin(slot)?;
                 let attr = fs.lookup(&self.cred(req), ino, name)?;
-                self.entry(slot, &attr, pin)
+                self.entry(slot, &attr, pin, self.name_ttl(&fs, slot, ino))
             }
         }
     }
@@ -324,7 +347,7 @@ impl Server {
             TimeOrNow::Now => TimeSet::Now,
             TimeOrNow::SpecificTime(t) => TimeSet::At(timespec_from_request(t)),
         };
-        let set = SetAttr {
+        let mut set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,
@@ -332,15 +355,27 @@ impl Server {
             atime: atime.map(time),
             mtime: mtime.map(time),
         };
-        let r0 = fs.setattr(&cred, ino, &set);
-        eprintln!("DEBUG setattr cred={cred:?} set={set:?} ctime={ctime:?} -> {:?}", r0.as_ref().map(|_| ()));
-        let attr = match r0 {
+        if self.writeback {
+            // With the writeback cache the kernel keeps mtime itself and sends "now" as the
+            // time it read from its clock, the same it gives ctime; an explicit time differs
+            // from ctime. Tell them apart, since only the owner may set an explicit time.
+            if let (Some(TimeSet::At(m)), Some(c)) = (set.mtime, ctime) {
+                if m == timespec_from_request(c) {
+                    set.mtime = Some(TimeSet::Now);
+                }
+            }
+        }
+        if set.size.is_some() && set.mtime == Some(TimeSet::Now) && set.atime.is_none() {
+            // truncate(2) stamps mtime as a side effect; `Fs` does so when the size changes,
+            // and a writer who is not the owner may not set mtime alone.
+            set.mtime = None;
+        }
+        let attr = match fs.setattr(&cred, ino, &set) {
             Ok(attr) => attr,
             Err(e) if e == Errno::EPERM || e == Errno::EACCES => {
-                let only_mtime = set.mtime.is_some()
-                    && ctime.is_some()
+                let only_mtime = set.mtime == Some(TimeSet::Now)
                     && SetAttr { mtime: None, ..set } == SetAttr::default();
-                if self.writeback && only_mtime {
+                if self.writeback && only_mtime && fs.access(&cred, ino, libc::W_OK).is_ok() {
                     // The writeback cache flushing the mtime it kept (module header).
                     fs.getattr(ino)?
                 } else if !self.killpriv_v2 && self.drops_only_suidgid(&fs, ino, &set)? {
@@ -351,14 +386,6 @@ impl Server {
                 }
             }
             Err(e) => return Err(e),
-        };
-        let chown = set.uid.is_some() || set.gid.is_some();
-        let truncate = set.size.is_some() && cred.uid != 0;
-        let attr = if self.killpriv_v2 && (chown || truncate) && attr.kind == FileKind::File {
-            Self::kill_suidgid(&fs, ino)?;
-            fs.getattr(ino)?
-        } else {
-            attr
         };
         Ok(file_attr(&attr, nodeid.0))
     }
@@ -376,7 +403,8 @@ impl Server {
         Ok(mode != perm && mode & !bits == perm & !bits && mode & bits & !perm == 0)
     }
 
-    /// mknod + open, as `create` and as the fallback of a racing create.
+    /// `open(O_CREAT)`: `Fs::create` creates (or, without O_EXCL, opens what another
+    /// caller created since the kernel's lookup) and opens.
     fn do_create(
         &self,
         req: &Request,
@@ -390,30 +418,13 @@ impl Server {
         if Self::is_control_name(parent, name) {
             return Err(Errno::EEXIST);
         }
-        let cred = self.cred(req);
         let kind = match mode & libc::S_IFMT {
             0 => libc::S_IFREG,
             k => k,
         };
         let mode = kind | (mode & 0o7777 & !umask);
-        match fs.mknod(&cred, pino, name, mode, 0) {
-            Ok(attr) => {
-                // The creator may open what it created whatever the mode says.
-                fs.open(&Cred::root(), attr.ino, flags)?;
-                self.entry(LIVE_SLOT, &attr, None)
-            }
-            Err(e) if e == Errno::EEXIST && flags & libc::O_EXCL == 0 => {
-                // Created by someone else since the kernel's lookup: open it as open(2)
-                // without O_EXCL would.
-                let attr = fs.lookup(&cred, pino, name)?;
-                if attr.kind == FileKind::Dir {
-                    return Err(Errno::EISDIR);
-                }
-                fs.open(&cred, attr.ino, flags)?;
-                self.entry(LIVE_SLOT, &attr, None)
-            }
-            Err(e) => Err(e),
-        }
+        let attr = fs.create(&self.cred(req), pino, name, mode, flags)?;
+        self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
     }
 
     fn open_flags(&self, slot: u16, dir: bool) -> FopenFlags {
@@ -536,7 +547,7 @@ impl Server {
                         Some(n @ (Node::Control | Node::SnapshotDir)) => self.virtual_entry(n),
                         _ if nodeid == ROOT_INO => {
                             let attr = self.slots.live().getattr(ROOT_INO)?;
-                            self.entry(LIVE_SLOT, &attr, None)?
+                            self.entry(LIVE_SLOT, &attr, None, self.snapshot_ttl)?
                         }
                         _ => match self.snapshot_root(name) {
                             Ok(e) => e,
@@ -549,7 +560,7 @@ impl Server {
                         INodeNo(entry.attr.ino.0),
                         cookie,
                         name,
-                        &entry.attr_ttl,
+                        &entry.entry_ttl,
                         &entry.attr,
                         Generation(entry.generation),
                     );
@@ -589,6 +600,11 @@ impl Server {
         }
         .clamp(1, 1024);
         let hide_control = slot == LIVE_SLOT && ino == ROOT_INO;
+        let name_ttl = if plus {
+            self.name_ttl(&fs, slot, ino)
+        } else {
+            Duration::ZERO
+        };
         let mut cookie = offset;
         let mut added = 0usize;
         loop {
@@ -602,7 +618,7 @@ impl Server {
                     cookie = e.cookie;
                     continue;
                 }
-                match self.add_fs_entry(&fs, slot, ino, &e, reply) {
+                match self.add_fs_entry(&fs, slot, ino, name_ttl, &e, reply) {
                     Ok(true) => return Ok(()),
                     Ok(false) => added += 1,
                     // Removed since the listing: leave it out.
@@ -622,6 +638,7 @@ impl Server {
         fs: &Fs,
         slot: u16,
         dir: Ino,
+        name_ttl: Duration,
         e: &DirEntry,
         reply: &mut DirReply,
     ) -> Result<bool> {
@@ -644,13 +661,13 @@ impl Server {
                 } else {
                     let pin = if dots { None } else { self.slots.pin(slot)? };
                     let attr = fs.getattr(e.ino)?;
-                    self.entry(slot, &attr, pin)?
+                    self.entry(slot, &attr, pin, name_ttl)?
                 };
                 let full = r.add(
                     INodeNo(entry.attr.ino.0),
                     e.cookie,
                     name,
-                    &entry.attr_ttl,
+                    &entry.entry_ttl,
                     &entry.attr,
                     Generation(entry.generation),
                 );
@@ -744,6 +761,7 @@ impl Filesystem for Server {
         ask(InitFlags::FUSE_PARALLEL_DIROPS);
         ask(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         ask(InitFlags::FUSE_CACHE_SYMLINKS);
+        ask(InitFlags::FUSE_ATOMIC_O_TRUNC);
         ask(InitFlags::FUSE_ASYNC_DIO);
         self.killpriv_v2 = ask(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         self.writeback = self.want_writeback && ask(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -821,7 +839,7 @@ impl Filesystem for Server {
             }
             let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
             let attr = fs.mknod(&self.cred(req), pino, name, mode, rdev)?;
-            self.entry(LIVE_SLOT, &attr, None)
+            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
         });
         Self::reply_entry(reply, r);
     }
@@ -840,7 +858,7 @@ impl Filesystem for Server {
                 return Err(Errno::EEXIST);
             }
             let attr = fs.mkdir(&self.cred(req), pino, name, mode & 0o7777 & !umask)?;
-            self.entry(LIVE_SLOT, &attr, None)
+            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
         });
         Self::reply_entry(reply, r);
     }
@@ -878,7 +896,7 @@ impl Filesystem for Server {
                 return Err(Errno::EEXIST);
             }
             let attr = fs.symlink(&self.cred(req), pino, link_name, target.as_os_str())?;
-            self.entry(LIVE_SLOT, &attr, None)
+            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
         });
         Self::reply_entry(reply, r);
     }
@@ -928,7 +946,7 @@ impl Filesystem for Server {
                 return Err(Errno::EEXIST);
             }
             let attr = fs.link(&self.cred(req), ino, npino, newname)?;
-            self.entry(LIVE_SLOT, &attr, None)
+            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, npino))
         })();
         Self::reply_entry(reply, r);
     }
@@ -1161,8 +1179,9 @@ impl Filesystem for Server {
     ) {
         match self.do_create(req, parent, name, mode, umask, flags) {
             Ok(e) => {
+                // fuser has one TTL for both the name and the attributes here.
                 reply.created(
-                    &e.attr_ttl,
+                    &e.entry_ttl.min(e.attr_ttl),
                     &e.attr,
                     Generation(e.generation),
                     FileHandle(0),

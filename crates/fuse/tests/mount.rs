@@ -123,6 +123,25 @@ fn unmount_by_another_party_ends_the_session() {
 }
 
 #[test]
+fn busy_mount_of_another_party_is_detached() {
+    require_fuse!();
+    let mut m = mounted();
+    fs::write(m.p("f"), b"open while unmounted").unwrap();
+    let mut open = File::open(m.p("f")).unwrap();
+    let mut handle = m.handle.take().unwrap();
+    tank_fuse::unmount(&m.path).unwrap();
+    assert!(!mounted_at(&m.path));
+    // The session goes on for the open file, and ends (synced) when it is closed.
+    assert!(handle.is_mounted());
+    let mut s = String::new();
+    open.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "open while unmounted");
+    drop(open);
+    handle.wait().unwrap();
+    assert!(!handle.is_mounted());
+}
+
+#[test]
 fn unmounter_from_another_thread() {
     require_fuse!();
     let mut m = mounted();
@@ -235,6 +254,12 @@ fn snapshot_directory_serves_snapshots_read_only() {
     }
     assert_eq!(source.opens.load(Ordering::Acquire), 1);
 
+    // Everyone may look into the snapshot directory.
+    as_user(40_001, 41_001, &[], || {
+        assert_eq!(names(&m.p(".tank/snapshot")), vec!["monday"]);
+        assert_eq!(names(&snap), vec!["docs"]);
+    });
+
     // A destroyed snapshot disappears (within the entry TTL).
     source.snaps.lock().clear();
     std::thread::sleep(Duration::from_millis(400));
@@ -274,4 +299,29 @@ fn snapshot_of_the_live_object_set() {
     assert_eq!(fs::read(m.p(".tank/snapshot/s1/f")).unwrap(), b"before");
     let kind = fs::metadata(m.p(".tank/snapshot/s1")).unwrap();
     assert!(kind.is_dir());
+}
+
+#[test]
+fn snapshot_is_closed_when_the_kernel_forgets_it() {
+    require_fuse!();
+    let (m, source) = with_snapshot();
+    let file = m.p(".tank/snapshot/monday/docs/a.txt");
+    assert_eq!(fs::read(&file).unwrap(), b"from the snapshot");
+    assert_eq!(source.opens.load(Ordering::Acquire), 1);
+    // Make the kernel drop its unused dentries and inodes: it forgets every node of the
+    // snapshot, the slot is freed, and the next use opens the snapshot again.
+    let mut reopened = false;
+    for _ in 0..50 {
+        fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches (tests run as root)");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(fs::read(&file).unwrap(), b"from the snapshot");
+        if source.opens.load(Ordering::Acquire) > 1 {
+            reopened = true;
+            break;
+        }
+    }
+    assert!(
+        reopened,
+        "the snapshot stayed open after the kernel forgot it"
+    );
 }

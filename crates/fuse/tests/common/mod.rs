@@ -242,7 +242,7 @@ pub fn mounted() -> Mounted {
     Setup::default().mount()
 }
 
-/// Snapshots served from prepared filesystems, counting opens.
+/// Snapshots served from prepared filesystems, counting the opens that found one.
 #[derive(Default)]
 pub struct TestSnapshots {
     pub snaps: Mutex<Vec<(String, Arc<Fs>)>>,
@@ -254,12 +254,16 @@ impl SnapshotSource for TestSnapshots {
         self.snaps.lock().iter().map(|(n, _)| n.clone()).collect()
     }
     fn open(&self, name: &str) -> Option<Arc<Fs>> {
-        self.opens.fetch_add(1, Ordering::AcqRel);
-        self.snaps
+        let fs = self
+            .snaps
             .lock()
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, fs)| fs.clone())
+            .map(|(_, fs)| fs.clone());
+        if fs.is_some() {
+            self.opens.fetch_add(1, Ordering::AcqRel);
+        }
+        fs
     }
 }
 
@@ -454,9 +458,11 @@ pub fn mkfifo(path: &Path, mode: u32) -> io::Result<()> {
     check(unsafe { libc::mkfifo(p.as_ptr(), mode) }).map(drop)
 }
 
+/// access(2) with the thread's effective (file-system) identity: plain access(2) checks
+/// with the real uid, which `as_user` leaves at root.
 pub fn access(path: &Path, mode: i32) -> io::Result<()> {
     let p = cstr(path);
-    check(unsafe { libc::access(p.as_ptr(), mode) }).map(drop)
+    check(unsafe { libc::faccessat(libc::AT_FDCWD, p.as_ptr(), mode, libc::AT_EACCESS) }).map(drop)
 }
 
 /// open(2) with explicit flags and mode.
