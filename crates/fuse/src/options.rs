@@ -121,3 +121,31 @@ pub enum MountError {
     #[error("sync of {dir} at unmount failed: {errno}")]
     Sync { dir: PathBuf, errno: Errno },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writeback_follows_the_sync_property_unless_forced() {
+        let mut o = MountOptions::new("p/fs");
+        assert!(o.wants_writeback());
+        o.sync = SyncMode::Always;
+        assert!(!o.wants_writeback());
+        o.writeback_cache = WritebackCache::On;
+        assert!(o.wants_writeback());
+        o.sync = SyncMode::Disabled;
+        o.writeback_cache = WritebackCache::Off;
+        assert!(!o.wants_writeback());
+    }
+
+    #[test]
+    fn at_least_two_threads() {
+        let mut o = MountOptions::new("p/fs");
+        assert!(o.thread_count() >= 2);
+        o.threads = Some(1);
+        assert_eq!(o.thread_count(), 2);
+        o.threads = Some(8);
+        assert_eq!(o.thread_count(), 8);
+    }
+}

@@ -964,3 +964,107 @@ fn parallel_clients() {
         assert_eq!(fs::read_dir(m.p(&format!("t{t}"))).unwrap().count(), 0);
     }
 }
+
+#[test]
+fn set_gid_directories_and_group_rules() {
+    require_fuse!();
+    let m = mounted();
+    fs::create_dir(m.p("team")).unwrap();
+    std::os::unix::fs::chown(m.p("team"), Some(0), Some(SHARED)).unwrap();
+    chmod(&m.p("team"), 0o2777);
+    as_user(USER, GROUP, &[SHARED], || {
+        fs::write(m.p("team/f"), b"x").unwrap();
+        fs::create_dir(m.p("team/sub")).unwrap();
+        let f = fs::metadata(m.p("team/f")).unwrap();
+        assert_eq!((f.uid(), f.gid()), (USER, SHARED));
+        let d = fs::metadata(m.p("team/sub")).unwrap();
+        assert_eq!(d.gid(), SHARED);
+        assert_ne!(d.mode() & 0o2000, 0, "set-gid is inherited by directories");
+        // The owner may give a file to a group it belongs to, not to another one.
+        std::os::unix::fs::chown(m.p("team/f"), None, Some(GROUP)).unwrap();
+        std::os::unix::fs::chown(m.p("team/f"), None, Some(SHARED)).unwrap();
+        assert_errno(
+            std::os::unix::fs::chown(m.p("team/f"), None, Some(OTHER)),
+            EPERM,
+        );
+    });
+    // chmod g+s by an owner outside the file's group drops the bit.
+    as_user(USER, GROUP, &[], || {
+        chmod(&m.p("team/f"), 0o2755);
+        assert_eq!(fs::metadata(m.p("team/f")).unwrap().mode() & 0o7777, 0o755);
+    });
+}
+
+#[test]
+fn ctime_follows_metadata_changes() {
+    require_fuse!();
+    let m = mounted();
+    fs::write(m.p("f"), b"x").unwrap();
+    utimens(&m.p("f"), (1_000_000_000, 0), (1_000_000_000, 0)).unwrap();
+    let ctime = |p: &str| {
+        let meta = fs::symlink_metadata(m.p(p)).unwrap();
+        (meta.ctime(), meta.ctime_nsec())
+    };
+    let mut last = ctime("f");
+    let mut step = |what: &str, f: &dyn Fn()| {
+        // With the writeback cache the kernel stamps ctime itself, from its coarse clock
+        // (one tick is up to 10 ms).
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        f();
+        let now = ctime("f");
+        assert!(now > last, "{what} did not move ctime");
+        last = now;
+    };
+    step("chmod", &|| chmod(&m.p("f"), 0o600));
+    step("link", &|| fs::hard_link(m.p("f"), m.p("g")).unwrap());
+    step("rename", &|| fs::rename(m.p("g"), m.p("h")).unwrap());
+    step("setxattr", &|| {
+        setxattr(&m.p("f"), "user.a", b"1", 0).unwrap()
+    });
+    step("truncate", &|| {
+        OpenOptions::new()
+            .write(true)
+            .open(m.p("f"))
+            .unwrap()
+            .set_len(0)
+            .unwrap()
+    });
+    // Times stay where utimensat put them otherwise.
+    let meta = fs::metadata(m.p("f")).unwrap();
+    assert_eq!(meta.atime(), 1_000_000_000);
+    // UTIME_OMIT leaves a time alone.
+    let p = cstr(&m.p("f"));
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 2_000_000_000,
+            tv_nsec: 42,
+        },
+    ];
+    check(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), 0) }).unwrap();
+    let meta = fs::metadata(m.p("f")).unwrap();
+    assert_eq!(meta.atime(), 1_000_000_000);
+    assert_eq!((meta.mtime(), meta.mtime_nsec()), (2_000_000_000, 42));
+}
+
+#[test]
+fn rename_over_a_hard_linked_file() {
+    require_fuse!();
+    let m = mounted();
+    fs::write(m.p("a"), b"a").unwrap();
+    fs::write(m.p("b"), b"b").unwrap();
+    fs::hard_link(m.p("b"), m.p("b2")).unwrap();
+    assert_eq!(fs::metadata(m.p("b2")).unwrap().nlink(), 2);
+    fs::rename(m.p("a"), m.p("b")).unwrap();
+    assert_eq!(fs::metadata(m.p("b2")).unwrap().nlink(), 1);
+    assert_eq!(fs::read(m.p("b2")).unwrap(), b"b");
+    assert_eq!(fs::read(m.p("b")).unwrap(), b"a");
+    // Renaming one hard link onto another of the same inode does nothing.
+    fs::hard_link(m.p("b"), m.p("b3")).unwrap();
+    fs::rename(m.p("b"), m.p("b3")).unwrap();
+    assert!(m.p("b").exists() && m.p("b3").exists());
+    assert_eq!(fs::metadata(m.p("b3")).unwrap().nlink(), 2);
+}

@@ -26,12 +26,18 @@ use tank_fuse::{MountHandle, MountOptions, SnapshotSource};
 use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::{CreateOptions, Pool, PoolSpec};
 
-/// Returns from the test when the kernel's FUSE device is absent.
+/// Returns from the test when the kernel's FUSE device is absent, saying so on stderr
+/// directly (the test harness would swallow `println!` of a passing test).
 #[macro_export]
 macro_rules! require_fuse {
     () => {
         if !std::path::Path::new("/dev/fuse").exists() {
-            println!("skipped: /dev/fuse missing");
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{}: skipped: /dev/fuse missing",
+                module_path!()
+            );
             return;
         }
     };
