@@ -30,9 +30,10 @@
 //!   append (the kernel chose the offset, O_APPEND included). The kernel then keeps mtime
 //!   itself: "now" arrives as an explicit time equal to the request's ctime (told apart
 //!   from an explicit time, which differs), and it flushes the mtime it kept (`setattr` of
-//!   mtime alone) on fsync with the credentials of whoever syncs; when `Fs` refuses that to
-//!   a writer who is not the owner, the flush is answered with the current attributes (the
-//!   write already set mtime in `Fs`).
+//!   mtime alone) on fsync and writeback with the credentials of whoever syncs; when `Fs`
+//!   refuses that to a caller who is not the owner, the flush is answered with the current
+//!   attributes (the write already set mtime in `Fs`). The price: `utimensat` of mtime
+//!   alone to "now" by a non-owner is a silent no-op instead of EPERM.
 //! - Set-uid/set-gid clearing: we ask for FUSE_HANDLE_KILLPRIV_V2, which makes it the
 //!   filesystem's job, and `Fs` does it: a write or truncate by anyone but root, and any
 //!   chown of a non-directory, clear S_ISUID (and S_ISGID when group-executable). The
@@ -375,8 +376,9 @@ impl Server {
             Err(e) if e == Errno::EPERM || e == Errno::EACCES => {
                 let only_mtime = set.mtime == Some(TimeSet::Now)
                     && SetAttr { mtime: None, ..set } == SetAttr::default();
-                if self.writeback && only_mtime && fs.access(&cred, ino, libc::W_OK).is_ok() {
-                    // The writeback cache flushing the mtime it kept (module header).
+                if self.writeback && only_mtime {
+                    // The writeback cache flushing the mtime it kept, on behalf of whoever
+                    // syncs (module header): not the caller's request, never refused.
                     fs.getattr(ino)?
                 } else if !self.killpriv_v2 && self.drops_only_suidgid(&fs, ino, &set)? {
                     fs.access(&cred, ino, libc::W_OK)?;
