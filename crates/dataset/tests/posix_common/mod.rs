@@ -289,3 +289,235 @@ pub fn seed(default: u64) -> u64 {
         })
         .unwrap_or(default)
 }
+
+/// What a walk of the filesystem finds at one inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    File(Vec<u8>),
+    Dir(std::collections::BTreeMap<Vec<u8>, Ino>),
+    Symlink(Vec<u8>),
+    Other(tank_dataset::posix::FileKind),
+}
+
+/// An inode as found by a walk: its content and extended attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub content: Content,
+    pub xattrs: std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// The whole filesystem as a walk from the root finds it: inode → what it holds.
+pub type Image = std::collections::BTreeMap<Ino, Found>;
+
+/// Walks the whole tree from the root and checks the filesystem's invariants: every entry
+/// points at a live inode of the kind it says; "." and ".." are right; a directory has one
+/// name, `2 + subdirectories` links and size `entries + 2`; a file's link count is its number
+/// of names and its size is what can be read; the object set holds exactly the reachable
+/// inodes (nothing leaked) and the unlinked set is empty. Returns what it found.
+pub fn fsck(fs: &Fs, store: &ObjectStore) -> Result<Image, String> {
+    fsck_with(fs, store, false)
+}
+
+/// `fsck` of a filesystem in use: inodes unlinked while open are allowed, as long as each
+/// is in the unlinked set with no links.
+pub fn fsck_live(fs: &Fs, store: &ObjectStore) -> Result<Image, String> {
+    fsck_with(fs, store, true)
+}
+
+fn fsck_with(fs: &Fs, store: &ObjectStore, live: bool) -> Result<Image, String> {
+    use std::collections::{BTreeMap, HashMap};
+    use tank_dataset::posix::{Cred, FileKind, ROOT_INO};
+    let root = Cred::root();
+    let mut image = Image::new();
+    let mut names: HashMap<Ino, u32> = HashMap::new();
+    let mut stack = vec![(ROOT_INO, ROOT_INO)];
+    while let Some((dir, parent)) = stack.pop() {
+        let a = fs
+            .getattr(dir)
+            .map_err(|e| format!("dir {dir}: getattr {e:?}"))?;
+        if a.kind != FileKind::Dir {
+            return Err(format!("inode {dir} listed as a directory is {:?}", a.kind));
+        }
+        let mut entries = BTreeMap::new();
+        let mut cookie = 0;
+        let mut subdirs = 0;
+        let mut seen_dots = 0;
+        loop {
+            let batch = fs
+                .readdir(&root, dir, cookie, 97)
+                .map_err(|e| format!("readdir {dir}: {e:?}"))?;
+            let Some(last) = batch.last() else { break };
+            if last.cookie <= cookie {
+                return Err(format!("readdir {dir}: cookie went back"));
+            }
+            cookie = last.cookie;
+            for e in batch {
+                if e.name == b"." {
+                    seen_dots += 1;
+                    if e.ino != dir {
+                        return Err(format!("dir {dir}: . is {}", e.ino));
+                    }
+                    continue;
+                }
+                if e.name == b".." {
+                    seen_dots += 1;
+                    if e.ino != parent {
+                        return Err(format!("dir {dir}: .. is {} not {parent}", e.ino));
+                    }
+                    continue;
+                }
+                let ea = fs.getattr(e.ino).map_err(|err| {
+                    format!(
+                        "dir {dir} entry {:?} -> {}: {err:?}",
+                        String::from_utf8_lossy(&e.name),
+                        e.ino
+                    )
+                })?;
+                if ea.kind != e.kind {
+                    return Err(format!(
+                        "entry {:?}: kind {:?} but inode is {:?}",
+                        e.name, e.kind, ea.kind
+                    ));
+                }
+                let l = fs
+                    .lookup(&root, dir, osb(&e.name))
+                    .map_err(|err| format!("lookup {:?}: {err:?}", e.name))?;
+                if l.ino != e.ino {
+                    return Err(format!(
+                        "lookup {:?} gives {} but readdir {}",
+                        e.name, l.ino, e.ino
+                    ));
+                }
+                *names.entry(e.ino).or_default() += 1;
+                if e.kind == FileKind::Dir {
+                    subdirs += 1;
+                    stack.push((e.ino, dir));
+                }
+                if entries.insert(e.name.clone(), e.ino).is_some() {
+                    return Err(format!("dir {dir}: name {:?} twice", e.name));
+                }
+            }
+        }
+        if seen_dots != 2 {
+            return Err(format!("dir {dir}: {seen_dots} dot entries"));
+        }
+        if a.nlink != 2 + subdirs {
+            return Err(format!(
+                "dir {dir}: nlink {} with {subdirs} subdirectories",
+                a.nlink
+            ));
+        }
+        if a.size != entries.len() as u64 + 2 {
+            return Err(format!(
+                "dir {dir}: size {} with {} entries",
+                a.size,
+                entries.len()
+            ));
+        }
+        image.insert(
+            dir,
+            Found {
+                content: Content::Dir(entries),
+                xattrs: xattrs_of(fs, dir)?,
+            },
+        );
+    }
+    for (&ino, &n) in &names {
+        let a = fs.getattr(ino).map_err(|e| format!("{ino}: {e:?}"))?;
+        match a.kind {
+            FileKind::Dir => {
+                if n != 1 {
+                    return Err(format!("directory {ino} has {n} names"));
+                }
+            }
+            kind => {
+                if a.nlink != n {
+                    return Err(format!("inode {ino}: nlink {} with {n} names", a.nlink));
+                }
+                let content = match kind {
+                    FileKind::File => {
+                        let data = fs
+                            .read(ino, 0, (a.size + 1) as u32)
+                            .map_err(|e| format!("read {ino}: {e:?}"))?;
+                        if data.len() as u64 != a.size {
+                            return Err(format!(
+                                "file {ino}: size {} but {} bytes read",
+                                a.size,
+                                data.len()
+                            ));
+                        }
+                        Content::File(data)
+                    }
+                    FileKind::Symlink => {
+                        let t = fs
+                            .readlink(ino)
+                            .map_err(|e| format!("readlink {ino}: {e:?}"))?;
+                        if t.len() as u64 != a.size {
+                            return Err(format!("symlink {ino}: size {}", a.size));
+                        }
+                        Content::Symlink(t)
+                    }
+                    k => Content::Other(k),
+                };
+                image.insert(
+                    ino,
+                    Found {
+                        content,
+                        xattrs: xattrs_of(fs, ino)?,
+                    },
+                );
+            }
+        }
+    }
+    let objset = store.objset(ROOT_OBJSET).map_err(|e| e.to_string())?;
+    let mut objects = objset
+        .list_objects(1, usize::MAX)
+        .map_err(|e| e.to_string())?;
+    let unlinked: Vec<u64> = objset
+        .items(ROOT_INO, UNLINKED_KIND, 0, u64::MAX, usize::MAX)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|i| i.0)
+        .collect();
+    if live {
+        for ino in &unlinked {
+            let a = fs
+                .getattr(*ino)
+                .map_err(|e| format!("unlinked {ino}: {e:?}"))?;
+            if a.nlink != 0 || image.contains_key(ino) {
+                return Err(format!("unlinked inode {ino} has links"));
+            }
+        }
+        objects.retain(|o| !unlinked.contains(o));
+    } else if !unlinked.is_empty() {
+        return Err(format!("unlinked set not empty: {unlinked:?}"));
+    }
+    let reachable: Vec<Ino> = image.keys().copied().collect();
+    if objects != reachable {
+        let leaked: Vec<&u64> = objects.iter().filter(|o| !image.contains_key(o)).collect();
+        return Err(format!(
+            "objects not reachable from the root: {leaked:?} (objects {} reachable {})",
+            objects.len(),
+            reachable.len()
+        ));
+    }
+    Ok(image)
+}
+
+/// The item kind of the persistent unlinked set (docs/FORMAT.md, POSIX layer).
+pub const UNLINKED_KIND: u8 = 22;
+
+fn xattrs_of(fs: &Fs, ino: Ino) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>, String> {
+    let root = tank_dataset::posix::Cred::root();
+    let mut out = std::collections::BTreeMap::new();
+    for name in fs
+        .listxattr(&root, ino)
+        .map_err(|e| format!("listxattr {ino}: {e:?}"))?
+    {
+        let v = fs
+            .getxattr(&root, ino, osb(&name))
+            .map_err(|e| format!("getxattr {ino} {name:?}: {e:?}"))?;
+        out.insert(name, v);
+    }
+    Ok(out)
+}
