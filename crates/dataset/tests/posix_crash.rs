@@ -180,7 +180,98 @@ struct Outcome {
     ops_after_create: u64,
 }
 
+/// A seeded random workload over a few directories (the same seed gives the same
+/// operations until the cut): creates, writes, renames over existing names, links,
+/// unlinks of open files, directories, xattrs, with an fsync every few operations.
+fn random_workload(
+    fs: &Fs,
+    store: &tank_object::ObjectStore,
+    seed: u64,
+) -> (Vec<Image>, usize, Result<(), Errno>) {
+    use rand::{Rng, SeedableRng};
+    let root = Cred::root();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut images = vec![empty_image()];
+    let mut acked = 0;
+    let mut open: Vec<u64> = Vec::new();
+    let r = (|| -> Result<(), Errno> {
+        let mut dirs = vec![ROOT_INO];
+        for i in 0..3 {
+            dirs.push(fs.mkdir(&root, ROOT_INO, os(&format!("d{i}")), 0o755)?.ino);
+        }
+        let names = ["a", "b", "c", "d", "e"];
+        for step in 0..120 {
+            let d = dirs[rng.gen_range(0..dirs.len())];
+            let d2 = dirs[rng.gen_range(0..dirs.len())];
+            let n = names[rng.gen_range(0..names.len())];
+            let n2 = names[rng.gen_range(0..names.len())];
+            let r = match rng.gen_range(0..9) {
+                0 | 1 => fs
+                    .mknod(&root, d, os(n), libc::S_IFREG | 0o644, 0)
+                    .map(|_| ()),
+                2 | 3 => match fs.lookup(&root, d, os(n)) {
+                    Ok(a) if a.kind == tank_dataset::posix::FileKind::File => {
+                        let len = rng.gen_range(1..60_000);
+                        let off = rng.gen_range(0..100_000);
+                        fs.write(&root, a.ino, off, &pattern(step, len), false)
+                            .map(|_| ())
+                    }
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e),
+                },
+                4 => fs.rename(&root, d, os(n), d2, os(n2), RenameFlags::default()),
+                5 => match fs.lookup(&root, d, os(n)) {
+                    Ok(a) => fs.link(&root, a.ino, d2, os(n2)).map(|_| ()),
+                    Err(e) => Err(e),
+                },
+                6 => {
+                    if let Ok(a) = fs.lookup(&root, d, os(n)) {
+                        if a.kind == tank_dataset::posix::FileKind::File
+                            && fs.open(&root, a.ino, libc::O_RDONLY).is_ok()
+                        {
+                            open.push(a.ino);
+                        }
+                    }
+                    fs.unlink(&root, d, os(n))
+                }
+                7 => match fs.lookup(&root, d, os(n)) {
+                    Ok(a) => fs.setxattr(
+                        &root,
+                        a.ino,
+                        os("trusted.x"),
+                        &pattern(step, 100),
+                        XattrMode::Any,
+                    ),
+                    Err(e) => Err(e),
+                },
+                _ => {
+                    if let Some(ino) = open.pop() {
+                        fs.release(ino)
+                    } else {
+                        fs.mkdir(&root, d, os(n), 0o755)
+                            .and_then(|_| fs.rmdir(&root, d, os(n)))
+                    }
+                }
+            };
+            if let Err(e) = r {
+                if e == Errno::EIO {
+                    return Err(e);
+                }
+            }
+            if step % 6 == 5 {
+                phase(fs, store, ROOT_INO, &mut images, &mut acked)?;
+            }
+        }
+        Ok(())
+    })();
+    (images, acked, r)
+}
+
 fn run(seed: u64, crash_at: Option<u64>) -> (SimFleet, Outcome) {
+    run_workload(seed, crash_at, false)
+}
+
+fn run_workload(seed: u64, crash_at: Option<u64>, random: bool) -> (SimFleet, Outcome) {
     let fleet = SimFleet::new(seed);
     let (_devs, pool, store) = sim_pool(&fleet, 1, DEV_SIZE);
     let base = fleet.ops();
@@ -193,7 +284,11 @@ fn run(seed: u64, crash_at: Option<u64>) -> (SimFleet, Outcome) {
         .store(false, std::sync::atomic::Ordering::Relaxed);
     let (images, acked) = match mount(&store, &hooks) {
         Ok(fs) => {
-            let (images, acked, r) = workload(&fs, &store);
+            let (images, acked, r) = if random {
+                random_workload(&fs, &store, seed)
+            } else {
+                workload(&fs, &store)
+            };
             if crash_at.is_none() {
                 r.expect("the workload runs without a crash");
             }
@@ -216,8 +311,12 @@ fn run(seed: u64, crash_at: Option<u64>) -> (SimFleet, Outcome) {
 }
 
 fn check(seed: u64, k: u64, mode: CrashMode) {
-    let ctx = format!("seed {seed:#x} cut {k} {mode:?}");
-    let (fleet, out) = run(seed, Some(k));
+    check_workload(seed, k, mode, false)
+}
+
+fn check_workload(seed: u64, k: u64, mode: CrashMode, random: bool) {
+    let ctx = format!("seed {seed:#x} cut {k} {mode:?} random {random}");
+    let (fleet, out) = run_workload(seed, Some(k), random);
     let images = fleet.crash_images(mode);
     let (pool, store) =
         import_images(images).unwrap_or_else(|e| panic!("{ctx}: import failed: {e}"));
@@ -314,4 +413,29 @@ fn crash_with_reordered_and_torn_unflushed_writes() {
         variant += 1;
         k += 5;
     }
+}
+
+#[test]
+fn crash_at_every_write_of_a_random_workload() {
+    let seed = seed(0xc4a5_0003);
+    let (_, full) = run_workload(seed, None, true);
+    let n = full.ops_after_create;
+    assert_eq!(
+        full.acked,
+        full.images.len() - 1,
+        "every phase acknowledged"
+    );
+    assert!(
+        full.images[1..].iter().all(|i| !i.is_empty()),
+        "fsck of every phase"
+    );
+    let start = std::time::Instant::now();
+    for k in 0..=n {
+        check_workload(seed, k, CrashMode::DropUnflushed, true);
+    }
+    eprintln!(
+        "random workload (seed {seed:#x}): checked {} cut points in {:.1} s",
+        n + 1,
+        start.elapsed().as_secs_f64()
+    );
 }

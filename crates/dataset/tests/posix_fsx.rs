@@ -638,7 +638,7 @@ fn run(seed: u64, steps: usize) {
 #[test]
 fn fsx_random_operations_against_a_model() {
     let base = seed(0xf5c0_0001);
-    for i in 0..3 {
-        run(base.wrapping_add(i), 1500);
+    for i in 0..4 {
+        run(base.wrapping_add(i), 4000);
     }
 }

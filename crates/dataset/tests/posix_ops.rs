@@ -194,6 +194,13 @@ fn names_are_checked_as_linux_does() {
     assert_eq!(fs.getattr(0).unwrap_err(), Errno::ENOENT);
     assert_eq!(fs.lookup(&r, 9999, os("x")).unwrap_err(), Errno::ENOENT);
     assert_eq!(fs.lookup(&r, d.ino, os("nope")).unwrap_err(), Errno::ENOENT);
+    // Asking for an inode number before it exists does not get in the way of its creation.
+    let next = m.ino + 1;
+    assert_eq!(fs.getattr(next).unwrap_err(), Errno::ENOENT);
+    let n = file(fs, d.ino, "next");
+    assert_eq!(n.ino, next);
+    fs.write(&r, next, 0, b"x", false).unwrap();
+    assert_eq!(fs.getattr(next).unwrap().size, 1);
     fsck(fs, &t.store).unwrap();
 }
 

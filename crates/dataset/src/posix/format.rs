@@ -22,7 +22,7 @@
 //! | 17 dirent | `(dir, 17, slot)` | a directory entry: ino u64, file type u8, name (1..=255 bytes) |
 //! | 18 symlink | `(ino, 18, i)` | bytes `[2048 i, 2048 (i+1))` of a symlink's target |
 //! | 19 xattr | `(ino, 19, xslot)` | an extended attribute: value length u32, name length u8, name, the value's first bytes |
-//! | 20 xattr data | `(ino, 20, xslot << 8 \| i)` | the value's bytes after those of the part `i - 1` (`i` from 1), up to 3072 per item |
+//! | 20 xattr data | `(ino, 20, xslot << 8 \| i)` | part `i` (from 1) of the value's remaining bytes: `[f + 3072 (i-1), f + 3072 i)` of the value, `f` the bytes in the xattr item |
 //! | 21 fs info | `(1, 21, 0)` | the filesystem header, 32 bytes (below) |
 //! | 22 unlinked | `(1, 22, ino)` | ino u64: inode `ino` has no name left and is freed at the next mount if still there |
 //!
@@ -49,7 +49,7 @@
 //!
 //! ### Directory entries
 //! The slot of a name is its hash chain's base plus an index: `base = (xxh3_64(name) >> 1)
-//! & !0xFFF`, raised to `0x1000` if it is 0; the entry takes the first free slot of `[base,
+//! & !0xFFF` (`xxh3_64`: XXH3 64-bit, seed 0), raised to `0x1000` if it is 0; the entry takes the first free slot of `[base,
 //! base + 0xFFF)`. A lookup reads that one range (O(log n) in the tree) and compares names.
 //! Slots are below 2^63 and at least 0x1000, so they serve directly as `readdir` cookies
 //! (positive as a signed offset; 1 and 2 are the cookies of "." and ".."): a slot never

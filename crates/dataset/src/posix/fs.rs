@@ -13,7 +13,7 @@
 //! can only come from the layers below (an I/O error), and then the cached inodes involved
 //! are dropped so they reload from the tree. Two kinds of work are cut into several
 //! transactions so that the dirty-data throttle works and memory stays bounded: writes
-//! larger than [`WRITE_CHUNK`] (each chunk is one transaction; a crash may keep a prefix of
+//! larger than `WRITE_CHUNK` (each chunk is one transaction; a crash may keep a prefix of
 //! the write, as on any POSIX filesystem), and freeing a large file's blocks, which runs
 //! from the end of the file while the inode is held by the persistent unlinked set (or, for
 //! a truncation, lowers the size step by step).

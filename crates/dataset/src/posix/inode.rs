@@ -106,22 +106,17 @@ impl InodeCache {
         n
     }
 
-    /// Adds the node of a new inode with its record already known.
+    /// Adds the node of a new inode (already in the tree) with its record and opens. A node
+    /// left in the map by a lookup of the number before the inode existed is reused, so
+    /// there is never more than one node per inode.
     pub fn insert_new(&self, ino: Ino, inode: Inode, open: u32) -> Arc<Node> {
-        let mut shard = self.shard(ino).lock();
-        Self::maybe_evict(&mut shard);
-        let n = Arc::new(Node {
-            ino,
-            data: RwLock::new(()),
-            meta: Mutex::new(Slot {
-                inode: Some(inode),
-                gone: false,
-                open,
-            }),
-        });
-        let old = shard.nodes.insert(ino, n.clone());
-        assert!(old.is_none(), "inode {ino} created twice");
-        n
+        let node = self.node(ino);
+        let mut slot = node.meta.lock();
+        assert!(!slot.gone, "inode {ino} created after it was freed");
+        slot.inode = Some(inode);
+        slot.open += open;
+        drop(slot);
+        node
     }
 
     /// Drops the node of a freed inode from the map (holders see `gone`).
