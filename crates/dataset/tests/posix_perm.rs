@@ -266,6 +266,19 @@ fn chown_by_root_and_chgrp_by_the_owner_to_his_groups() {
         chown(fs, &root(), f, None, Some(ALICE)).unwrap().perm,
         0o2745
     );
+    // An explicit mode in the same change is kept as given.
+    let both = fs
+        .setattr(
+            &root(),
+            f,
+            &SetAttr {
+                mode: Some(0o4755),
+                uid: Some(BOB),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((both.uid, both.perm), (BOB, 0o4755));
     let d = owned_dir(fs, ROOT_INO, "d", ALICE, ALICE, 0o3775);
     assert_eq!(chown(fs, &root(), d, Some(BOB), None).unwrap().perm, 0o3775);
 }

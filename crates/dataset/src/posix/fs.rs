@@ -1010,7 +1010,11 @@ impl Fs {
         if set.uid.is_some() || set.gid.is_some() {
             new.uid = set.uid.unwrap_or(cur.uid);
             new.gid = set.gid.unwrap_or(cur.gid);
-            new.perm = perm::perm_after_chown(&new);
+            // A mode given with the new owner is the caller's final word (the kernel's
+            // notify_change never kills set-uid in the same change as an explicit mode).
+            if set.mode.is_none() {
+                new.perm = perm::perm_after_chown(&new);
+            }
             ctime = true;
         }
         let resize = set.size.filter(|s| *s != cur.size);
