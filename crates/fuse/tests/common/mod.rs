@@ -31,16 +31,30 @@ use tank_pool::{CreateOptions, Pool, PoolSpec};
 #[macro_export]
 macro_rules! require_fuse {
     () => {
-        if !std::path::Path::new("/dev/fuse").exists() {
+        if let Some(why) = $crate::common::fuse_missing() {
             use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "{}: skipped: /dev/fuse missing",
-                module_path!()
-            );
+            let _ = writeln!(std::io::stderr(), "{}: skipped: {why}", module_path!());
             return;
         }
     };
+}
+
+/// Why this machine cannot mount FUSE filesystems, if it cannot: no /dev/fuse, or no
+/// CAP_SYS_ADMIN (bit 21 of the effective capabilities) for mount(2).
+pub fn fuse_missing() -> Option<&'static str> {
+    if !std::path::Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse missing");
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if cap_eff & (1 << 21) == 0 {
+        return Some("no CAP_SYS_ADMIN to mount FUSE filesystems");
+    }
+    None
 }
 
 /// Hooks of a test dataset: a quota (EDQUOT past it, counting every byte `Fs` asks for),
