@@ -38,14 +38,16 @@ use std::sync::{mpsc, Arc};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use tank_block::blkptr::hex;
 use tank_block::BlockPtr;
 use tank_object::{
     HookContext, ObjectError, ObjectSet, ObjectStore, Space, SyncHook, SyncReport, WritePolicy,
     META_OBJSET, ROOT_OBJSET,
 };
+use tank_pool::config::now_secs;
 use tank_pool::PoolError;
 
-use crate::props::{self, Applies, PropDef};
+use crate::props::{self, PropDef};
 
 /// The dataset directory lives in these items of the meta object set.
 pub const DIR_OBJ: u64 = 1;
@@ -346,10 +348,6 @@ fn split_name(name: &str) -> Name<'_> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
@@ -360,11 +358,18 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+/// Every item of one object and kind, in offset order, read in batches.
+fn all_items(meta: &ObjectSet, obj: u64, kind: u8) -> Res<Vec<(u64, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let items = meta.items(obj, kind, from, u64::MAX, 1024)?;
+        let Some(last) = items.last().map(|(k, _)| *k) else {
+            return Ok(out);
+        };
+        out.extend(items);
+        from = last + 1;
+    }
 }
 
 impl State {
@@ -709,29 +714,13 @@ impl Dsl {
                 st.header.version
             )));
         }
-        let mut from = 0;
-        loop {
-            let items = meta.items(DIR_OBJ, KIND_DIR_RECORD, from, u64::MAX, 1024)?;
-            let Some(last) = items.last().map(|(k, _)| *k) else {
-                break;
-            };
-            for (id, v) in items {
-                let r: Record = serde_json::from_slice(&v)
-                    .map_err(|e| DslError::Corrupt(format!("dataset {id}: {e}")))?;
-                st.records.insert(id, r);
-            }
-            from = last + 1;
+        for (id, v) in all_items(&meta, DIR_OBJ, KIND_DIR_RECORD)? {
+            let r: Record = serde_json::from_slice(&v)
+                .map_err(|e| DslError::Corrupt(format!("dataset {id}: {e}")))?;
+            st.records.insert(id, r);
         }
-        let mut from = 0;
-        loop {
-            let items = meta.items(DIR_OBJ, KIND_DEADLIST_HEADER, from, u64::MAX, 1024)?;
-            let Some(last) = items.last().map(|(k, _)| *k) else {
-                break;
-            };
-            for (id, v) in items {
-                st.deadlists.insert(id, DeadlistHeader::decode(&v)?);
-            }
-            from = last + 1;
+        for (id, v) in all_items(&meta, DIR_OBJ, KIND_DEADLIST_HEADER)? {
+            st.deadlists.insert(id, DeadlistHeader::decode(&v)?);
         }
         Ok(())
     }
@@ -827,6 +816,11 @@ impl Dsl {
         out
     }
 
+    /// A dataset's snapshots, oldest first.
+    pub fn snapshots(&self, head: u64) -> Vec<u64> {
+        self.state.lock().snapshots(head)
+    }
+
     /// `id` and everything below it (children, their snapshots), in listing order.
     pub fn subtree(&self, id: u64) -> Vec<u64> {
         let all = self.all_ids();
@@ -847,17 +841,21 @@ impl Dsl {
             .collect()
     }
 
+    /// The pool's free space less its slop (1/32, kept for metadata), in usable bytes
+    /// (parity deflated, as dataset sizes are).
+    fn usable_free(&self) -> u64 {
+        let space = self.store.pool().space();
+        if space.size == 0 {
+            return 0;
+        }
+        let free = space.free.saturating_sub(space.size / 32);
+        ((u128::from(free) * u128::from(space.usable)) / u128::from(space.size)) as u64
+    }
+
     /// Bytes available to a head dataset: the pool's free usable space less others'
     /// unused reservations, limited by quotas up the tree and its refquota.
     pub fn available(&self, id: u64) -> u64 {
-        let space = self.store.pool().space();
-        let slop = space.size / 32;
-        let usable_free = if space.size == 0 {
-            0
-        } else {
-            ((u128::from(space.free.saturating_sub(slop)) * u128::from(space.usable))
-                / u128::from(space.size)) as u64
-        };
+        let usable_free = self.usable_free();
         let st = self.state.lock();
         let head = match st.records.get(&id) {
             Some(r) if r.kind == DatasetKind::Snapshot => r.parent,
@@ -889,30 +887,14 @@ impl Dsl {
     /// Whether `bytes` more (plus what is dirty) fit under the quotas and reservations of
     /// `id`: Err(EDQUOT) past a quota, Err(ENOSPC) when the pool has no room for it.
     pub fn check_space(&self, id: u64, bytes: u64) -> Result<(), i32> {
-        let pending: u64 = {
-            let st = self.state.lock();
-            let heads: Vec<u64> = st
-                .records
-                .values()
-                .filter(|r| r.kind != DatasetKind::Snapshot)
-                .map(|r| r.objset)
-                .collect();
-            drop(st);
-            heads
-                .into_iter()
-                .filter_map(|o| self.store.objset(o).ok())
-                .map(|o| o.dirty_bytes())
-                .sum()
-        };
-        let own_pending = {
-            let st = self.state.lock();
-            st.records
-                .get(&id)
-                .and_then(|r| self.store.objset(r.objset).ok())
-                .map_or(0, |o| o.dirty_bytes())
-        };
-        let need = bytes + own_pending;
+        // Called before every write: one lock, and the expensive sums only where a quota
+        // or a reservation asks for them.
         let st = self.state.lock();
+        let Some(rec) = st.records.get(&id) else {
+            return Ok(());
+        };
+        let own_pending = self.store.objset(rec.objset).map_or(0, |o| o.dirty_bytes());
+        let need = bytes + own_pending;
         for a in st.ancestors_and_self(id) {
             let quota = st.prop_u64(a, "quota");
             if quota > 0 && st.used(a).total() + need > quota {
@@ -920,14 +902,17 @@ impl Dsl {
             }
         }
         let refquota = st.prop_u64(id, "refquota");
-        if refquota > 0 {
-            let referenced = st.records.get(&id).map_or(0, |r| r.referenced);
-            if referenced + need > refquota {
-                return Err(libc::EDQUOT);
-            }
+        if refquota > 0 && rec.referenced + need > refquota {
+            return Err(libc::EDQUOT);
         }
+        // Without reservations anywhere, the pool's own check at the start of every
+        // transaction decides ENOSPC.
+        let reserved = st
+            .records
+            .keys()
+            .any(|r| st.prop_u64(*r, "reservation") > 0 || st.prop_u64(*r, "refreservation") > 0);
         drop(st);
-        if bytes + pending > self.available(id).saturating_add(own_pending) {
+        if reserved && need > self.available(id) {
             return Err(libc::ENOSPC);
         }
         Ok(())
@@ -992,11 +977,7 @@ impl Dsl {
             st.used(id)
         };
         for def in props::PROPS {
-            let applies = match def.applies {
-                Applies::All => true,
-                Applies::Filesystem => r.kind == DatasetKind::Filesystem,
-                Applies::Volume => r.kind == DatasetKind::Volume,
-            };
+            let applies = def.applies_to(r.kind);
             if !applies {
                 continue;
             }
@@ -1361,11 +1342,7 @@ impl Dsl {
         for (k, v) in props {
             let def = props::lookup(k)
                 .ok_or_else(|| DslError::Invalid(format!("invalid property '{k}'")))?;
-            let applies = match def.applies {
-                Applies::All => true,
-                Applies::Filesystem => kind == DatasetKind::Filesystem,
-                Applies::Volume => kind == DatasetKind::Volume,
-            };
+            let applies = def.applies_to(kind);
             if !applies {
                 return Err(DslError::Invalid(format!(
                     "property '{k}' does not apply to a {}",
@@ -2006,14 +1983,12 @@ impl Dsl {
     /// Refuses a reservation growth of `grow` bytes the pool's free space (less others'
     /// unused reservations) cannot back.
     fn check_reservation(&self, st: &State, id: u64, grow: u64, name: &str) -> Res<()> {
-        let space = self.store.pool().space();
-        let usable_free = if space.size == 0 {
-            0
-        } else {
-            ((u128::from(space.free) * u128::from(space.usable)) / u128::from(space.size)) as u64
-        };
         let except: BTreeSet<u64> = [id].into_iter().collect();
-        if grow > usable_free.saturating_sub(st.unused_reservations(&except)) {
+        if grow
+            > self
+                .usable_free()
+                .saturating_sub(st.unused_reservations(&except))
+        {
             return Err(DslError::NoSpace(format!(
                 "cannot reserve {} for '{name}': not enough free space in the pool",
                 props::human(grow)
@@ -2038,11 +2013,7 @@ impl Dsl {
             if def.readonly {
                 return Err(DslError::Invalid(format!("property '{k}' is read-only")));
             }
-            let applies = match def.applies {
-                Applies::All => true,
-                Applies::Filesystem => r.kind == DatasetKind::Filesystem,
-                Applies::Volume => r.kind == DatasetKind::Volume,
-            };
+            let applies = def.applies_to(r.kind);
             if !applies || (r.kind == DatasetKind::Snapshot) {
                 return Err(DslError::Invalid(format!(
                     "property '{k}' cannot be set on a {}",

@@ -172,6 +172,18 @@ pub const PROPS: &[PropDef] = &[
     computed("mounted", PropType::Text),
 ];
 
+impl PropDef {
+    /// Whether datasets of `kind` have this property (a snapshot has the `All` ones).
+    pub fn applies_to(&self, kind: crate::dsl::DatasetKind) -> bool {
+        use crate::dsl::DatasetKind;
+        match self.applies {
+            Applies::All => true,
+            Applies::Filesystem => kind == DatasetKind::Filesystem,
+            Applies::Volume => kind == DatasetKind::Volume,
+        }
+    }
+}
+
 pub fn lookup(name: &str) -> Option<&'static PropDef> {
     PROPS.iter().find(|p| p.name == name)
 }

@@ -80,49 +80,18 @@ impl PoolCache {
     }
 }
 
-/// Parses a size such as `512`, `64K`, `64M`, `1.5G`, `16GiB`, `2T` (powers of 1024).
+/// Parses a size such as `512`, `64K`, `64M`, `1.5G`, `16GiB`, `2T` (powers of 1024), as
+/// dataset properties do.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let stripped = lower
-        .strip_suffix("ib")
-        .or_else(|| lower.strip_suffix('b'))
-        .unwrap_or(&lower);
-    let (num, mult) = match stripped.chars().last() {
-        Some('k') => (&stripped[..stripped.len() - 1], 1u64 << 10),
-        Some('m') => (&stripped[..stripped.len() - 1], 1 << 20),
-        Some('g') => (&stripped[..stripped.len() - 1], 1 << 30),
-        Some('t') => (&stripped[..stripped.len() - 1], 1 << 40),
-        Some('p') => (&stripped[..stripped.len() - 1], 1 << 50),
-        _ => (stripped, 1),
-    };
-    let value: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| anyhow::anyhow!("'{s}' is not a size (examples: 4096, 64M, 1.5G, 16GiB)"))?;
-    if !value.is_finite() || value < 0.0 {
-        anyhow::bail!("'{s}' is not a size");
-    }
-    Ok((value * mult as f64) as u64)
+    tank_dataset::props::parse_size(s, false).map_err(|e| anyhow::anyhow!(e))
 }
 
-/// Formats bytes as zpool does: 1.50G, 512M, 4K.
+/// Formats bytes as zpool does: 1.50G, 512M, 4K (bytes below 1K without a unit).
 pub fn human(bytes: u64) -> String {
-    let units = ["", "K", "M", "G", "T", "P", "E"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < units.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{bytes}")
-    } else if v < 10.0 {
-        format!("{v:.2}{}", units[i])
-    } else if v < 100.0 {
-        format!("{v:.1}{}", units[i])
+    if bytes < 1024 {
+        bytes.to_string()
     } else {
-        format!("{v:.0}{}", units[i])
+        tank_dataset::props::human(bytes)
     }
 }
 

@@ -56,21 +56,11 @@ struct Snapshots {
 
 impl SnapshotSource for Snapshots {
     fn list(&self) -> Vec<String> {
-        let Ok(head) = self.dsl.record(self.head) else {
-            return Vec::new();
-        };
-        let prefix = format!("{}@", self.dsl.name_of(head.id));
         self.dsl
-            .subtree(self.head)
+            .snapshots(self.head)
             .into_iter()
             .filter_map(|id| self.dsl.record(id).ok())
-            .filter(|r| r.kind == DatasetKind::Snapshot && r.parent == self.head)
-            .map(|r| {
-                self.dsl
-                    .name_of(r.id)
-                    .trim_start_matches(&prefix)
-                    .to_string()
-            })
+            .map(|r| r.name)
             .collect()
     }
 

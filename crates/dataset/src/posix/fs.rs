@@ -352,6 +352,33 @@ impl Fs {
         Ok(())
     }
 
+    /// One transaction (charged `bytes`) that runs `change` and stores `new` as the inode
+    /// of `slot`: the cached inode becomes `new` when it commits, and is dropped (reloaded
+    /// from the tree) when it fails.
+    pub(super) fn update_inode(
+        &self,
+        ino: Ino,
+        slot: &mut Slot,
+        new: Inode,
+        bytes: u64,
+        change: impl FnOnce(&Tx<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let r = self.store.begin(bytes).map_err(Errno::from).and_then(|tx| {
+            change(&tx)?;
+            self.put_inode(&tx, ino, &new)
+        });
+        match r {
+            Ok(()) => {
+                *slot.inode_mut() = new;
+                Ok(())
+            }
+            Err(e) => {
+                slot.inode = None;
+                Err(e)
+            }
+        }
+    }
+
     /// Writes the records of `inos` (each once) from `locked`.
     pub(super) fn put_inodes(&self, tx: &Tx<'_>, locked: &Locked<'_>, inos: &[Ino]) -> Result<()> {
         let mut done: Vec<Ino> = Vec::with_capacity(inos.len());
@@ -443,20 +470,11 @@ impl Fs {
         let step = FREE_BLOCKS_PER_TX * u64::from(slot.inode().blksize);
         while slot.inode().size > target.saturating_add(step) {
             let size = slot.inode().size - step;
-            let tx = self.store.begin(0)?;
             let mut inode = slot.inode().clone();
             inode.size = size;
-            let r = self
-                .objset
-                .truncate(&tx, ino, size)
-                .map_err(Errno::from)
-                .and_then(|()| self.put_inode(&tx, ino, &inode));
-            drop(tx);
-            if let Err(e) = r {
-                slot.inode = None;
-                return Err(e);
-            }
-            *slot.inode_mut() = inode;
+            self.update_inode(ino, slot, inode, 0, |tx| {
+                Ok(self.objset.truncate(tx, ino, size)?)
+            })?;
         }
         Ok(())
     }
@@ -477,17 +495,7 @@ impl Fs {
         }
         let mut inode = i.clone();
         inode.atime = now;
-        let tx = self.store.begin(0)?;
-        let r = self.put_inode(&tx, node.ino, &inode);
-        drop(tx);
-        match r {
-            Ok(()) => *slot.inode_mut() = inode,
-            Err(e) => {
-                slot.inode = None;
-                return Err(e);
-            }
-        }
-        Ok(())
+        self.update_inode(node.ino, &mut slot, inode, 0, |_| Ok(()))
     }
 
     // ---- the API ----
@@ -779,18 +787,9 @@ impl Fs {
             new.ctime = now;
             new.perm = perm::perm_after_write(cred, &inode);
             self.shrink_in_steps(ino, &mut slot, 0)?;
-            let tx = self.store.begin(0)?;
-            let r = self
-                .objset
-                .truncate(&tx, ino, 0)
-                .map_err(Errno::from)
-                .and_then(|()| self.put_inode(&tx, ino, &new));
-            drop(tx);
-            if let Err(e) = r {
-                slot.inode = None;
-                return Err(e);
-            }
-            *slot.inode_mut() = new;
+            self.update_inode(ino, &mut slot, new, 0, |tx| {
+                Ok(self.objset.truncate(tx, ino, 0)?)
+            })?;
         }
         slot.open += 1;
         Ok(attr_of(ino, slot.inode()))
@@ -897,19 +896,9 @@ impl Fs {
             inode.mtime = now;
             inode.ctime = now;
             inode.perm = perm::perm_after_write(cred, &inode);
-            let tx = self.store.begin(0)?;
-            let r = self
-                .objset
-                .truncate(&tx, ino, end)
-                .map_err(Errno::from)
-                .and_then(|()| self.put_inode(&tx, ino, &inode));
-            drop(tx);
-            if let Err(e) = r {
-                slot.inode = None;
-                return Err(e);
-            }
-            *slot.inode_mut() = inode;
-            return Ok(());
+            return self.update_inode(ino, &mut slot, inode, 0, |tx| {
+                Ok(self.objset.truncate(tx, ino, end)?)
+            });
         }
         // Punch: zeros written over whole blocks become holes in the object layer; only the
         // partial blocks at the ends are rewritten.
@@ -927,19 +916,9 @@ impl Fs {
             inode.mtime = now;
             inode.ctime = now;
             inode.perm = perm::perm_after_write(cred, &inode);
-            let r = self
-                .store
-                .begin(2 * bs)
-                .map_err(Errno::from)
-                .and_then(|tx| {
-                    self.objset.write(&tx, ino, at, &zeros[..n as usize])?;
-                    self.put_inode(&tx, ino, &inode)
-                });
-            if let Err(e) = r {
-                slot.inode = None;
-                return Err(e);
-            }
-            *slot.inode_mut() = inode;
+            self.update_inode(ino, &mut slot, inode, 2 * bs, |tx| {
+                Ok(self.objset.write(tx, ino, at, &zeros[..n as usize])?)
+            })?;
             at += n;
         }
         Ok(())
@@ -1047,19 +1026,12 @@ impl Fs {
         if let Some(size) = resize {
             self.shrink_in_steps(ino, &mut slot, size)?;
         }
-        let tx = self.store.begin(0)?;
-        let r = (|| -> Result<()> {
+        self.update_inode(ino, &mut slot, new, 0, |tx| {
             if let Some(size) = resize {
-                self.objset.truncate(&tx, ino, size)?;
+                self.objset.truncate(tx, ino, size)?;
             }
-            self.put_inode(&tx, ino, &new)
-        })();
-        drop(tx);
-        if let Err(e) = r {
-            slot.inode = None;
-            return Err(e);
-        }
-        *slot.inode_mut() = new;
+            Ok(())
+        })?;
         Ok(attr_of(ino, slot.inode()))
     }
 }
