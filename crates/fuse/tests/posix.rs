@@ -609,11 +609,15 @@ fn timestamps_keep_nanoseconds_and_pass_2038() {
     let meta = fs::metadata(m.p("f")).unwrap();
     assert_eq!((meta.atime(), meta.atime_nsec()), (-86_400, 5));
     assert_eq!((meta.mtime(), meta.mtime_nsec()), (-1, 999_999_999));
-    // A write moves mtime and ctime to now.
+    // A write moves mtime and ctime to now. With the writeback cache the
+    // kernel stamps the times from its coarse clock, which may trail the
+    // clock read here by up to a tick: allow 50 ms of it.
     let before = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64;
+        .as_nanos() as i128
+        - 50_000_000;
+    let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
     OpenOptions::new()
         .write(true)
         .open(m.p("f"))
@@ -621,8 +625,12 @@ fn timestamps_keep_nanoseconds_and_pass_2038() {
         .write_all(b"y")
         .unwrap();
     let meta = fs::metadata(m.p("f")).unwrap();
-    assert!(meta.mtime() >= before, "mtime {} < {before}", meta.mtime());
-    assert!(meta.ctime() >= before);
+    let (mtime, ctime) = (
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec()),
+    );
+    assert!(mtime >= before, "mtime {mtime} < {before}");
+    assert!(ctime >= before, "ctime {ctime} < {before}");
     // UTIME_NOW by a non-owner with write permission is allowed.
     chmod(&m.p("f"), 0o666);
     as_user(USER, GROUP, &[], || {
