@@ -235,6 +235,9 @@ pub struct SpaceAllocator {
     /// Extents freed but not yet reusable, by the txg at which they become free.
     deferred: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     pending: Vec<SpaceRecord>,
+    /// While a scan runs: the (vdev, offset) of every extent freed since it started, so the
+    /// scan neither reports nor "repairs" a block whose space was freed (and maybe reused).
+    scan_freed: Option<std::collections::HashSet<(u32, u64)>>,
 }
 
 impl SpaceAllocator {
@@ -397,6 +400,9 @@ impl SpaceAllocator {
             .entry(txg + DEFER_TXGS)
             .or_default()
             .push((vdev, offset, len));
+        if let Some(watch) = &mut self.scan_freed {
+            watch.insert((vdev, offset));
+        }
         self.pending.push(SpaceRecord {
             vdev,
             op: SpaceOp::Free,
@@ -515,6 +521,24 @@ impl SpaceAllocator {
     pub fn is_allocated(&self, vdev: u32, offset: u64, len: u64) -> bool {
         self.vdev(vdev)
             .is_some_and(|v| offset + len <= v.size && !v.free.overlaps(offset, offset + len))
+    }
+
+    /// Starts (or restarts) remembering freed extents for a scan.
+    pub fn watch_frees(&mut self) {
+        self.scan_freed = Some(Default::default());
+    }
+
+    /// Stops remembering freed extents.
+    pub fn unwatch_frees(&mut self) {
+        self.scan_freed = None;
+    }
+
+    /// Whether the extent at `(vdev, offset)` was freed since [`Self::watch_frees`]
+    /// (always true when no scan watches: nothing vouches for the block then).
+    pub fn freed_since_watch(&self, vdev: u32, offset: u64) -> bool {
+        self.scan_freed
+            .as_ref()
+            .is_none_or(|w| w.contains(&(vdev, offset)))
     }
 
     /// Forget pending records (after a failed sync the in-memory state is discarded anyway).

@@ -19,7 +19,7 @@ pub use alloc::{AllocClass, SpaceAllocator, SpaceOp, SpaceRecord, DEFER_TXGS};
 pub use blkptr::{BlockKind, BlockPtr, Dva, BLKPTR_SIZE};
 pub use checksum::ChecksumKind;
 pub use compress::Compression;
-pub use zio::{BlockStore, PendingBlock, WriteProps};
+pub use zio::{BlockStore, PendingBlock, ScrubOutcome, WriteProps};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -64,6 +64,28 @@ pub struct ReadStats {
     pub healed_in_vdev: u64,
 }
 
+/// What scrubbing one block found (see [`BlockStore::scrub`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ScrubOutcome {
+    /// Bytes read from the devices (every copy, every column).
+    pub read_bytes: u64,
+    /// Bytes rewritten to restore full redundancy.
+    pub repaired_bytes: u64,
+    /// No copy could be read or rebuilt: a permanent error.
+    pub unrecoverable: bool,
+    /// The block was freed while the scan looked at it: nothing was reported or written.
+    pub freed: bool,
+}
+
+impl ScrubOutcome {
+    fn add(&mut self, other: ScrubOutcome) {
+        self.read_bytes += other.read_bytes;
+        self.repaired_bytes += other.repaired_bytes;
+        self.unrecoverable |= other.unrecoverable;
+        self.freed |= other.freed;
+    }
+}
+
 /// Pieces a gang header lists.
 const GANG_CHILDREN: usize = 3;
 /// Blocks at or below this size are never ganged (they fit in any free sector run).
@@ -402,6 +424,111 @@ impl BlockStore {
             }
         }
         Ok(buf)
+    }
+
+    /// Scrubs a block: reads and verifies every copy (every DVA; every side of a mirror; every
+    /// column of a RAID-Z block, parity recomputed and compared), rewrites what is wrong, and
+    /// returns the verified physical bytes. Only for a running scan: the rewrites are queued
+    /// under the allocator lock after checking that no copy was freed since the scan's
+    /// [`SpaceAllocator::watch_frees`], so a block whose space was freed (and maybe reused)
+    /// is neither reported nor written (`freed`). Without a watch every block counts as freed.
+    pub fn scrub(&self, bp: &BlockPtr) -> (ScrubOutcome, Option<Vec<u8>>) {
+        let psize = bp.psize as usize;
+        if bp.gang {
+            let (mut out, header) = self.scrub_dvas(bp, GANG_HEADER_SIZE, &gang_verify);
+            let Some(children) = header.and_then(|h| decode_gang(&h).ok()) else {
+                return (out, None);
+            };
+            let mut data = Some(Vec::with_capacity(psize));
+            for c in &children {
+                let (o, piece) = self.scrub(c);
+                out.add(o);
+                match (piece, data.as_mut()) {
+                    (Some(piece), Some(d)) => d.extend_from_slice(&piece),
+                    _ => data = None,
+                }
+            }
+            let data =
+                data.filter(|d| d.len() == psize && bp.checksum_kind.compute(d) == bp.checksum);
+            out.unrecoverable |= data.is_none() && !out.freed;
+            return (out, data);
+        }
+        let verify = |buf: &[u8]| {
+            buf.len() >= psize
+                && buf[psize..].iter().all(|&b| b == 0)
+                && bp.checksum_kind.compute(&buf[..psize]) == bp.checksum
+        };
+        let (out, data) = self.scrub_dvas(bp, psize, &verify);
+        (
+            out,
+            data.map(|mut d| {
+                d.truncate(psize);
+                d
+            }),
+        )
+    }
+
+    fn scrub_dvas(
+        &self,
+        bp: &BlockPtr,
+        len: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> (ScrubOutcome, Option<Vec<u8>>) {
+        let mut out = ScrubOutcome::default();
+        let mut reads = Vec::new();
+        for dva in bp.dvas() {
+            let Ok(vdev) = self.vdev(dva.vdev) else {
+                continue;
+            };
+            let read = (dva.asize >= vdev.asize(len as u64))
+                .then(|| {
+                    vdev.scrub_read(dva.offset, vdev.round(len as u64), verify)
+                        .ok()
+                })
+                .flatten();
+            out.read_bytes += read.as_ref().map_or(0, |r| r.read_bytes);
+            reads.push((vdev, *dva, read));
+        }
+        let good = reads
+            .iter()
+            .find_map(|(_, _, r)| r.as_ref().map(|r| r.data.clone()));
+        let batch = IoBatch::new();
+        {
+            let alloc = self.alloc.lock();
+            if bp.dvas().any(|d| alloc.freed_since_watch(d.vdev, d.offset)) {
+                out.freed = true;
+                return (out, None);
+            }
+            for (vdev, dva, read) in &mut reads {
+                match (read.as_ref(), &good) {
+                    (Some(r), _) => vdev.queue_fixes(&r.fixes, &batch),
+                    // A copy that could not be read at all is rewritten from a good one.
+                    (None, Some(good))
+                        if vdev.readable() && vdev.write(dva.offset, good, &batch).is_ok() =>
+                    {
+                        dva.asize = 0; // marks the copy as rewritten
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let failed = batch.wait();
+        for (vdev, dva, read) in &reads {
+            let vdev_failed = || {
+                failed
+                    .iter()
+                    .any(|(l, _)| vdev.leaves.iter().any(|v| Arc::ptr_eq(v, l)))
+            };
+            match read {
+                Some(r) => out.repaired_bytes += vdev.count_repaired(&r.fixes, &failed).1,
+                None if dva.asize == 0 && !vdev_failed() => {
+                    out.repaired_bytes += good.as_ref().map_or(0, |g| g.len() as u64);
+                }
+                None => {}
+            }
+        }
+        out.unrecoverable = good.is_none();
+        (out, good)
     }
 
     /// Starts reading a block without waiting (the first copy's fast path), so a caller can

@@ -2,10 +2,12 @@
 //!
 //! # Theory of operation
 //! `tree.rs` is the generic copy-on-write B+tree (one per object set), `objset.rs` maps
-//! objects and their blocks onto it, `store.rs` ties the object sets of a pool to its txgs.
+//! objects and their blocks onto it, `store.rs` ties the object sets of a pool to its txgs,
+//! `scan.rs` is the scrub that walks them all.
 //! This is the API the datasets layer builds on.
 
 pub mod objset;
+pub mod scan;
 pub mod store;
 pub mod tree;
 
@@ -13,6 +15,7 @@ pub use objset::{
     ObjectInfo, ObjectSet, ObjsetMode, Space, SyncReport, WritePolicy, FIRST_USER_KIND,
     MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
+pub use scan::{ScanPhase, ScanRoots, ScanState, ScanStatus, METADATA_OBJECT, POOL_META_ID};
 pub use store::{HookContext, ObjectStore, SyncHook, META_OBJSET, ROOT_OBJSET};
 
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +29,8 @@ pub enum ObjectError {
     Invalid(String),
     #[error("read-only object set")]
     ReadOnly,
+    #[error("{0}")]
+    Busy(String),
     #[error("corrupt object metadata: {0}")]
     Corrupt(String),
     #[error(transparent)]
@@ -45,6 +50,7 @@ impl ObjectError {
             Self::NoSuchObject(_) | Self::NoSuchObjset(_) => 2, // ENOENT
             Self::Invalid(_) => 22,                             // EINVAL
             Self::ReadOnly => 30,                               // EROFS
+            Self::Busy(_) => 16,                                // EBUSY
             Self::Pool(p) => p.errno(),
             Self::Block(tank_block::BlockError::NoSpace) => 28,
             _ => 5, // EIO

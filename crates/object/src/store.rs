@@ -61,6 +61,7 @@ pub struct ObjectStore {
     /// Object sets created or removed since the last sync: the table must be committed.
     dirty_table: AtomicBool,
     hook: Mutex<Option<Arc<dyn SyncHook>>>,
+    pub(crate) scanner: crate::scan::Scanner,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -98,7 +99,9 @@ impl ObjectStore {
             objsets: RwLock::new(map),
             dirty_table: AtomicBool::new(fresh),
             hook: Mutex::new(None),
+            scanner: crate::scan::Scanner::new(),
         });
+        store.scanner.load(&store)?;
         pool.set_syncer(store.clone());
         if fresh {
             pool.wait_synced()?;
@@ -292,6 +295,9 @@ impl Syncer for ObjectStore {
         let meta = self
             .objset(META_OBJSET)
             .map_err(|e| PoolError::Corrupt(e.to_string()))?;
+        self.scanner
+            .sync(self)
+            .map_err(|e| PoolError::Corrupt(e.to_string()))?;
         meta.quiesce(ctx.txg);
         meta.sync(ctx.blocks, ctx.txg, ctx.batch)?;
         let all: Vec<Arc<ObjectSet>> = self.objsets.read().values().cloned().collect();
@@ -305,9 +311,14 @@ impl Syncer for ObjectStore {
         Ok(table)
     }
 
+    fn closing(&self) {
+        self.scan_suspend();
+    }
+
     fn is_dirty(&self) -> bool {
         self.dirty_table.load(Ordering::Acquire)
             || self.objsets.read().values().any(|o| o.is_dirty())
             || self.hook().is_some_and(|h| h.is_dirty())
+            || self.scanner.is_dirty()
     }
 }

@@ -117,6 +117,7 @@ use tank_block::BlockPtr;
 
 use node::{Expect, Node};
 pub use node::{MAX_LEVEL, NODE_MAX, NODE_MIN};
+pub use read::ScanVisitor;
 
 /// Largest inline value; bigger values go to a data block ([`Value::Block`]).
 pub const MAX_INLINE: usize = 3072;
@@ -504,6 +505,11 @@ impl CowTree {
 }
 
 impl CowTree {
+    /// Visits every written node and data block for the scrub (see `read::walk_scan`).
+    pub fn walk_scan(&self, store: &dyn NodeStore, visit: &mut dyn ScanVisitor) {
+        read::walk_scan(store, self.root.as_ref(), visit)
+    }
+
     /// Visits every written node and data block born after `min_txg` (see
     /// `read::walk_born_after`); unwritten parts of a live tree are not visited.
     pub fn walk_born_after(

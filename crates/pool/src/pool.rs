@@ -53,6 +53,9 @@ pub trait Syncer: Send + Sync {
     fn sync(&self, ctx: &SyncContext<'_>) -> Result<Vec<(u64, Option<BlockPtr>)>, PoolError>;
     /// Whether anything changed since the last quiesce.
     fn is_dirty(&self) -> bool;
+    /// The pool is closing (export, destroy, shutdown): stop background work (a scrub) and
+    /// leave its state dirty, so the final sync writes it.
+    fn closing(&self) {}
 }
 
 pub struct SyncContext<'a> {
@@ -943,6 +946,13 @@ impl Pool {
         self.txg.cv.notify_all();
     }
 
+    /// Counts a change made outside a transaction (state the syncer writes when asked, such
+    /// as a scrub's progress), so waiters for a sync get one.
+    pub fn note_change(&self) {
+        self.txg.inner.lock().tx_seq += 1;
+        self.txg.cv.notify_all();
+    }
+
     /// The pool history, oldest first.
     pub fn history(&self) -> Result<Vec<HistoryRecord>, PoolError> {
         let (mut next, pending) = {
@@ -961,6 +971,30 @@ impl Pool {
         let mut out: Vec<HistoryRecord> = blocks.into_iter().rev().flatten().collect();
         out.extend(pending);
         Ok(out)
+    }
+
+    /// The pool's own committed metadata blocks, for the scrub: the root block, the objset
+    /// table, the space map log chain and the history chain. The objset trees are the layer
+    /// above's to walk.
+    pub fn metadata_blocks(&self) -> Result<Vec<BlockPtr>, PoolError> {
+        let (root_bp, root, chain) = {
+            let m = self.meta.lock();
+            (m.root_bp, m.root, m.spacemap_chain.clone())
+        };
+        let mut out: Vec<BlockPtr> = root_bp.into_iter().collect();
+        out.extend(root.and_then(|r| r.objset_table));
+        out.extend(chain);
+        let mut next = root.and_then(|r| r.history_head);
+        while let Some(bp) = next {
+            out.push(bp);
+            next = history::decode(&self.blocks.read(&bp)?)?.0;
+        }
+        Ok(out)
+    }
+
+    /// Whether the pool was exported, destroyed or shut down.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// Waits until every transaction that finished before this call is durable.
@@ -1157,6 +1191,9 @@ impl Pool {
 
     /// Syncs everything and stops the sync thread.
     fn close(&self) -> Result<(), PoolError> {
+        if let Some(syncer) = self.syncer.lock().clone() {
+            syncer.closing();
+        }
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }

@@ -13,6 +13,12 @@
 //! flush fails is FAULTED at once: its content can no longer be trusted to be current, so it is
 //! read as missing until it is repaired (the conservative rule that keeps invariant 7 honest).
 //! A device missing at import is UNAVAIL; one taken away at run time is REMOVED.
+//!
+//! # Priority
+//! Reads come in two classes: normal (the users' reads and the pool's own) and scan (scrub
+//! and resilver). The reader threads always take a waiting normal read before a scan read,
+//! so a scrub fills the device's idle time and yields as soon as users need it (ZFS's
+//! scrub I/O class, reduced to the two classes that matter here).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -184,6 +190,7 @@ struct LeafInner {
     reason: Option<String>,
     queue: Option<Sender<Request>>,
     reads: Option<Sender<ReadReq>>,
+    scan_reads: Option<Sender<ReadReq>>,
     workers: Vec<thread::JoinHandle<()>>,
 }
 
@@ -219,6 +226,7 @@ impl Leaf {
                 reason: Some("cannot open".into()),
                 queue: None,
                 reads: None,
+                scan_reads: None,
                 workers: Vec::new(),
             }),
             stats: LeafStats::default(),
@@ -240,16 +248,24 @@ impl Leaf {
             .spawn(move || worker(worker_dev, rx, weak))
             .expect("spawn vdev worker")];
         let (rtx, rrx) = crossbeam_channel::unbounded::<ReadReq>();
+        let (stx, srx) = crossbeam_channel::unbounded::<ReadReq>();
         for i in 0..dev.queue_depth().clamp(1, READ_QUEUE_DEPTH) {
-            let (dev, rrx, weak) = (dev.clone(), rrx.clone(), Arc::downgrade(self));
+            let (dev, rrx, srx, weak) =
+                (dev.clone(), rrx.clone(), srx.clone(), Arc::downgrade(self));
             workers.push(
                 thread::Builder::new()
                     .name(format!("vdev-{:x}-r{i}", self.guid & 0xffff))
-                    .spawn(move || {
-                        while let Ok(req) = rrx.recv() {
-                            let Some(leaf) = weak.upgrade() else { return };
-                            do_read(&dev, &leaf, req);
-                        }
+                    .spawn(move || loop {
+                        // Normal reads first; a scan read only when none waits.
+                        let req = match rrx.try_recv() {
+                            Ok(req) => req,
+                            Err(_) => crossbeam_channel::select_biased! {
+                                recv(rrx) -> r => match r { Ok(req) => req, Err(_) => return },
+                                recv(srx) -> r => match r { Ok(req) => req, Err(_) => return },
+                            },
+                        };
+                        let Some(leaf) = weak.upgrade() else { return };
+                        do_read(&dev, &leaf, req);
                     })
                     .expect("spawn vdev reader"),
             );
@@ -258,6 +274,7 @@ impl Leaf {
         inner.dev = Some(dev);
         inner.queue = Some(tx);
         inner.reads = Some(rtx);
+        inner.scan_reads = Some(stx);
         inner.workers = workers;
         inner.state = VdevState::Online;
         inner.reason = None;
@@ -304,12 +321,14 @@ impl Leaf {
         }
     }
 
-    fn read_queue(&self) -> Option<Sender<ReadReq>> {
+    fn read_queue(&self, class: IoClass) -> Option<Sender<ReadReq>> {
         let inner = self.inner.lock();
-        if inner.state.usable() {
-            inner.reads.clone()
-        } else {
-            None
+        if !inner.state.usable() {
+            return None;
+        }
+        match class {
+            IoClass::Normal => inner.reads.clone(),
+            IoClass::Scan => inner.scan_reads.clone(),
         }
     }
 
@@ -354,8 +373,18 @@ impl Leaf {
         offset: u64,
         len: usize,
     ) -> Receiver<Result<Vec<u8>, DeviceError>> {
+        self.read_async_class(offset, len, IoClass::Normal)
+    }
+
+    /// Queues a read in a priority class (see the module documentation).
+    pub fn read_async_class(
+        self: &Arc<Self>,
+        offset: u64,
+        len: usize,
+        class: IoClass,
+    ) -> Receiver<Result<Vec<u8>, DeviceError>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        match self.read_queue() {
+        match self.read_queue(class) {
             Some(q) => {
                 if q.send((offset + FRONT_RESERVE, len, tx.clone())).is_err() {
                     let _ = tx.send(Err(self.unavailable()));
@@ -392,6 +421,7 @@ impl Leaf {
             let mut inner = self.inner.lock();
             inner.queue = None;
             inner.reads = None;
+            inner.scan_reads = None;
             inner.dev = None;
             std::mem::take(&mut inner.workers)
         };
@@ -401,6 +431,13 @@ impl Leaf {
             }
         }
     }
+}
+
+/// The priority class of a read (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoClass {
+    Normal,
+    Scan,
 }
 
 /// Most reader threads per leaf: the reads a device has in flight at once (fewer when the

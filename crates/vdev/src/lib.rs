@@ -15,8 +15,8 @@ pub mod tree;
 
 pub use codec::ParityCodec;
 pub use leaf::{
-    aligned_size, label_offsets, usable_size, IoBatch, Leaf, LeafStatsSnapshot, VdevState,
+    aligned_size, label_offsets, usable_size, IoBatch, IoClass, Leaf, LeafStatsSnapshot, VdevState,
     BACK_RESERVE, FRONT_RESERVE, LABEL_SIZE, MIN_DEVICE_SIZE,
 };
 pub use raidz::{RaidzError, RaidzGeometry};
-pub use tree::{Layout, PendingRead, ReadReport, TopVdev, VdevError};
+pub use tree::{Fix, Layout, PendingRead, ReadReport, ScrubRead, TopVdev, VdevError};

@@ -15,6 +15,11 @@
 //!
 //! Healthy RAID-Z reads read only the data columns.
 //!
+//! A scrub read ([`TopVdev::scrub_read`]) reads every copy: all sides of a mirror, all
+//! columns of a RAID-Z block (parity included, recomputed and compared), in the scan I/O
+//! class. It returns what must be rewritten ([`Fix`]) instead of writing it, so the block
+//! layer can first make sure the block was not freed (and its space reused) meanwhile.
+//!
 //! # Failure model
 //! A leaf whose write fails is FAULTED (see `leaf.rs`); a write batch succeeds as long as every
 //! top-level vdev it touched can still be read in full ([`TopVdev::readable`]). Reads never
@@ -24,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::codec::{encode_map, reconstruct_verified, ParityCodec};
-use crate::leaf::{IoBatch, Leaf, VdevState};
+use crate::leaf::{IoBatch, IoClass, Leaf, VdevState};
 use crate::raidz::RaidzGeometry;
 
 #[derive(Debug, Clone)]
@@ -61,6 +66,29 @@ pub struct PendingRead {
 pub struct ReadReport {
     /// Columns or sides that returned wrong data or an error and were rewritten.
     pub repaired: usize,
+    /// Reconstruction combinations tried (RAID-Z).
+    pub combinations: usize,
+}
+
+/// A column or mirror side found wrong (or unreadable), and the bytes it must hold.
+#[derive(Debug, Clone)]
+pub struct Fix {
+    /// Index of the leaf in [`TopVdev::leaves`].
+    pub leaf: usize,
+    /// Offset in the leaf's data area.
+    pub offset: u64,
+    pub data: Arc<Vec<u8>>,
+}
+
+/// What a verifying read of every copy of a block found (see [`TopVdev::scrub_read`]).
+#[derive(Debug, Default)]
+pub struct ScrubRead {
+    /// The block's verified bytes.
+    pub data: Vec<u8>,
+    /// Bytes read from the devices (all sides, all columns).
+    pub read_bytes: u64,
+    /// What must be rewritten to restore full redundancy.
+    pub fixes: Vec<Fix>,
     /// Reconstruction combinations tried (RAID-Z).
     pub combinations: usize,
 }
@@ -228,10 +256,11 @@ impl TopVdev {
         let n = self.leaves.len();
         // Spread reads of a healthy mirror over its sides, one MiB region at a time.
         let start = ((offset >> 20) as usize) % n;
-        let mut bad: Vec<&Arc<Leaf>> = Vec::new();
+        let mut fixes = Vec::new();
         let mut good = None;
         for i in 0..n {
-            let leaf = &self.leaves[(start + i) % n];
+            let idx = (start + i) % n;
+            let leaf = &self.leaves[idx];
             if !leaf.is_usable() {
                 continue;
             }
@@ -242,34 +271,77 @@ impl TopVdev {
                 }
                 Ok(_) => {
                     leaf.count_cksum_error();
-                    bad.push(leaf);
+                    fixes.push(idx);
                 }
-                Err(_) => bad.push(leaf),
+                Err(_) => fixes.push(idx),
             }
         }
         let Some(buf) = good else {
-            return Err(VdevError::Unrecoverable {
-                vdev: self.id,
-                offset,
-                len,
-            });
+            return Err(self.unrecoverable(offset, len));
         };
-        let mut report = ReadReport::default();
-        if !bad.is_empty() {
-            let batch = IoBatch::new();
-            let shared = Arc::new(buf.clone());
-            for leaf in &bad {
-                leaf.write(offset, shared.clone(), &batch);
-            }
-            let failed = batch.wait();
-            for leaf in &bad {
-                if !failed.iter().any(|(l, _)| Arc::ptr_eq(l, leaf)) {
-                    leaf.stats.repaired_bytes.fetch_add(len, Ordering::Relaxed);
-                    report.repaired += 1;
-                }
+        let shared = Arc::new(buf.clone());
+        let fixes: Vec<Fix> = fixes
+            .into_iter()
+            .map(|leaf| Fix {
+                leaf,
+                offset,
+                data: shared.clone(),
+            })
+            .collect();
+        let report = ReadReport {
+            repaired: self.heal(&fixes),
+            combinations: 0,
+        };
+        Ok((buf, report))
+    }
+
+    fn unrecoverable(&self, offset: u64, len: u64) -> VdevError {
+        VdevError::Unrecoverable {
+            vdev: self.id,
+            offset,
+            len,
+        }
+    }
+
+    /// Writes the fixes now and waits; returns how many were written.
+    fn heal(&self, fixes: &[Fix]) -> usize {
+        if fixes.is_empty() {
+            return 0;
+        }
+        let batch = IoBatch::new();
+        self.queue_fixes(fixes, &batch);
+        let failed = batch.wait();
+        self.count_repaired(fixes, &failed).0
+    }
+
+    /// Queues the writes of `fixes` (to the leaves that can take them).
+    pub fn queue_fixes(&self, fixes: &[Fix], batch: &Arc<IoBatch>) {
+        for f in fixes {
+            let leaf = &self.leaves[f.leaf];
+            if leaf.is_usable() {
+                leaf.write(f.offset, f.data.clone(), batch);
             }
         }
-        Ok((buf, report))
+    }
+
+    /// Counts the fixes whose writes succeeded as repaired bytes; returns how many did and
+    /// their bytes.
+    pub fn count_repaired(
+        &self,
+        fixes: &[Fix],
+        failed: &[(Arc<Leaf>, tank_device::DeviceError)],
+    ) -> (usize, u64) {
+        let (mut repaired, mut bytes) = (0, 0);
+        for f in fixes {
+            let leaf = &self.leaves[f.leaf];
+            if leaf.is_usable() && !failed.iter().any(|(l, _)| Arc::ptr_eq(l, leaf)) {
+                let len = f.data.len() as u64;
+                leaf.stats.repaired_bytes.fetch_add(len, Ordering::Relaxed);
+                repaired += 1;
+                bytes += len;
+            }
+        }
+        (repaired, bytes)
     }
 
     fn read_raidz(
@@ -323,22 +395,31 @@ impl TopVdev {
         for (i, rx) in pending {
             cols[i] = rx.recv().ok().and_then(Result::ok);
         }
-        let missing: Vec<bool> = cols.iter().map(Option::is_none).collect();
-        let rec = reconstruct_verified(&self.codec, &map, cols, verify).map_err(|_| {
-            VdevError::Unrecoverable {
-                vdev: self.id,
-                offset,
-                len,
-            }
-        })?;
-        let mut report = ReadReport {
-            repaired: 0,
-            combinations: rec.combinations_tried,
+        let (data, fixes, combinations) = self.reconstruct(&map, cols, offset, len, verify)?;
+        let report = ReadReport {
+            repaired: self.heal(&fixes),
+            combinations,
         };
+        Ok((data, report))
+    }
+
+    /// Rebuilds a RAID-Z block from its columns (`None`: unreadable), guided by the
+    /// checksum; every column that differs from the block's true encoding becomes a fix
+    /// (and a CKSUM error when its device returned it without an error).
+    fn reconstruct(
+        &self,
+        map: &crate::raidz::RaidzMap,
+        cols: Vec<Option<Vec<u8>>>,
+        offset: u64,
+        len: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<(Vec<u8>, Vec<Fix>, usize), VdevError> {
+        let missing: Vec<bool> = cols.iter().map(Option::is_none).collect();
+        let rec = reconstruct_verified(&self.codec, map, cols, verify)
+            .map_err(|_| self.unrecoverable(offset, len))?;
+        let mut fixes = Vec::new();
         if !rec.bad_cols.is_empty() {
-            let good_cols = encode_map(&self.codec, &map, &rec.data);
-            let batch = IoBatch::new();
-            let mut rewritten = Vec::new();
+            let mut good_cols = encode_map(&self.codec, map, &rec.data);
             for &i in &rec.bad_cols {
                 let col = &map.cols[i];
                 let leaf = &self.leaves[col.child];
@@ -346,19 +427,97 @@ impl TopVdev {
                     leaf.count_cksum_error();
                 }
                 if leaf.is_usable() {
-                    leaf.write(col.offset, Arc::new(good_cols[i].clone()), &batch);
-                    rewritten.push((leaf.clone(), col.size));
-                }
-            }
-            let failed = batch.wait();
-            for (leaf, size) in rewritten {
-                if !failed.iter().any(|(l, _)| Arc::ptr_eq(l, &leaf)) {
-                    leaf.stats.repaired_bytes.fetch_add(size, Ordering::Relaxed);
-                    report.repaired += 1;
+                    fixes.push(Fix {
+                        leaf: col.child,
+                        offset: col.offset,
+                        data: Arc::new(std::mem::take(&mut good_cols[i])),
+                    });
                 }
             }
         }
-        Ok((rec.data, report))
+        Ok((rec.data, fixes, rec.combinations_tried))
+    }
+
+    /// Reads every copy of a block in the scan I/O class and verifies each: every side of a
+    /// mirror, every column of a RAID-Z block (the parity recomputed from the verified data
+    /// and compared). Nothing is written: the fixes are returned (see the module docs).
+    pub fn scrub_read(
+        &self,
+        offset: u64,
+        len: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ScrubRead, VdevError> {
+        self.check_range(offset, self.asize(len))?;
+        match &self.layout {
+            Layout::Disk | Layout::Mirror => {
+                let pending: Vec<_> = self
+                    .leaves
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.is_usable())
+                    .map(|(i, l)| (i, l.read_async_class(offset, len as usize, IoClass::Scan)))
+                    .collect();
+                let mut good = None;
+                let mut bad = Vec::new();
+                let mut read_bytes = 0;
+                for (i, rx) in pending {
+                    match rx.recv().ok().and_then(Result::ok) {
+                        Some(buf) => {
+                            read_bytes += len;
+                            if verify(&buf) {
+                                good.get_or_insert(buf);
+                            } else {
+                                self.leaves[i].count_cksum_error();
+                                bad.push(i);
+                            }
+                        }
+                        None => bad.push(i),
+                    }
+                }
+                let data = good.ok_or_else(|| self.unrecoverable(offset, len))?;
+                let shared = Arc::new(data.clone());
+                Ok(ScrubRead {
+                    data,
+                    read_bytes,
+                    fixes: bad
+                        .into_iter()
+                        .map(|leaf| Fix {
+                            leaf,
+                            offset,
+                            data: shared.clone(),
+                        })
+                        .collect(),
+                    combinations: 0,
+                })
+            }
+            Layout::Raidz(g) => {
+                let map = g.map(offset, len);
+                let pending: Vec<_> = map
+                    .cols
+                    .iter()
+                    .map(|c| {
+                        self.leaves[c.child].read_async_class(
+                            c.offset,
+                            c.size as usize,
+                            IoClass::Scan,
+                        )
+                    })
+                    .collect();
+                let cols: Vec<Option<Vec<u8>>> = pending
+                    .into_iter()
+                    .map(|rx| rx.recv().ok().and_then(Result::ok))
+                    .collect();
+                let read_bytes = cols.iter().flatten().map(|c| c.len() as u64).sum();
+                let (data, fixes, combinations) =
+                    self.reconstruct(&map, cols, offset, len, verify)?;
+                Ok(ScrubRead {
+                    data,
+                    read_bytes,
+                    fixes,
+                    combinations,
+                })
+            }
+        }
     }
 
     /// Starts the fast path of a read (RAID-Z: the data columns; mirror: one side) without

@@ -283,6 +283,72 @@ fn walk_below(
     Ok(())
 }
 
+/// Receives what [`walk_scan`] finds.
+pub trait ScanVisitor {
+    /// A written node, before it is read: `false` skips it and its subtree (seen already
+    /// under another root, or freed meanwhile).
+    fn enter(&mut self, bp: &BlockPtr) -> bool;
+    /// A data block, referenced by the item `key`.
+    fn data(&mut self, key: &Key, bp: &BlockPtr);
+    /// A node that could not be read or decoded; its subtree is skipped.
+    fn unreadable(&mut self, bp: &BlockPtr, err: &TreeError);
+}
+
+/// Visits every written node and data block of a committed tree, for the scrub. Unlike the
+/// other walks it keeps nothing it loads (memory stays bounded by the tree's depth) and an
+/// unreadable node skips its subtree instead of ending the walk.
+pub(super) fn walk_scan(
+    store: &dyn NodeStore,
+    root: Option<&Arc<NodeRef>>,
+    visit: &mut dyn ScanVisitor,
+) {
+    if let Some(root) = root {
+        scan_below(store, root, &Expect::ROOT, visit);
+    }
+}
+
+fn scan_below(store: &dyn NodeStore, nref: &NodeRef, expect: &Expect, visit: &mut dyn ScanVisitor) {
+    let cached = nref.node.read().clone();
+    let node = match (cached, nref.bp.get()) {
+        (Some(node), _) => node,
+        (None, Some(bp)) => {
+            if !visit.enter(bp) {
+                return;
+            }
+            let loaded = store.read_block(bp).and_then(|bytes| {
+                let node = Node::decode(&bytes)?;
+                expect.check(&node)?;
+                Ok(Arc::new(node))
+            });
+            match loaded {
+                Ok(node) => node,
+                Err(e) => {
+                    visit.unreadable(bp, &e);
+                    return;
+                }
+            }
+        }
+        (None, None) => return,
+    };
+    match &node.body {
+        Body::Leaf(items) => {
+            for (key, value) in items {
+                if let Value::Block(block) = value {
+                    if let Some(bp) = block.bp() {
+                        visit.data(key, &bp);
+                    }
+                }
+            }
+        }
+        Body::Internal(children) => {
+            for (index, (_, child)) in children.iter().enumerate() {
+                let child_expect = Expect::child(&node, index, expect.upper);
+                scan_below(store, child, &child_expect, visit);
+            }
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Place {
     root: bool,
