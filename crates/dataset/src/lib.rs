@@ -8,6 +8,7 @@
 //! - `posix/`: the filesystem on one object set; `hooks.rs` feeds it the dataset's
 //!   properties and space.
 //! - `zvol.rs`: volumes.
+//! - `scan.rs`: the snapshot trees the scrub walks, and names for its error log.
 //! - `errno.rs`: the POSIX error type.
 
 pub mod dsl;
@@ -15,9 +16,11 @@ pub mod errno;
 pub mod hooks;
 pub mod posix;
 pub mod props;
+pub mod scan;
 pub mod zvol;
 
 pub use dsl::{DatasetInfo, DatasetKind, Dsl, DslError, Op, Record};
 pub use errno::Errno;
 pub use hooks::DsHooks;
+pub use scan::{error_name, SnapshotRoots, SNAPSHOT_TREE_BASE};
 pub use zvol::Volume;

@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets, Table};
+use tank_object::{ScanPhase, ScanStatus};
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec, PoolStatus, VdevStatus};
 
 use crate::datadir::{data_dir, human, parse_size, PoolCache};
@@ -29,6 +30,22 @@ pub enum PoolCmd {
     Iostat(IostatArgs),
     /// Show the commands that changed the pool.
     History(HistoryArgs),
+    /// Verify every block of the pool (every copy, all parity) and repair what is bad.
+    Scrub(ScrubArgs),
+}
+
+#[derive(Args)]
+pub struct ScrubArgs {
+    /// Stop (cancel) the scrub.
+    #[arg(short = 's', conflicts_with = "pause")]
+    stop: bool,
+    /// Pause the scrub; `tank pool scrub NAME` resumes it.
+    #[arg(short = 'p')]
+    pause: bool,
+    /// Wait until the scrub is done, showing its progress (always so without the daemon).
+    #[arg(short = 'w')]
+    wait: bool,
+    name: String,
 }
 
 #[derive(Args)]
@@ -129,6 +146,7 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
         PoolCmd::Destroy(a) => destroy(a),
         PoolCmd::Iostat(a) => iostat(a),
         PoolCmd::History(a) => history(a),
+        PoolCmd::Scrub(a) => scrub(a),
     }
 }
 
@@ -313,16 +331,105 @@ fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool) {
     }
 }
 
-pub fn print_status(st: &PoolStatus, verbose: bool) {
+/// `hh:mm:ss` (days as `Nd hh:mm:ss`), as zpool shows durations.
+fn hms(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    let (d, h, m, s) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
+    if d > 0 {
+        format!("{d} days {h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{h:02}:{m:02}:{s:02}")
+    }
+}
+
+/// The `scan:` lines of `status`, as zpool writes them (with the rate and the time left
+/// measured from this scrub's own progress).
+pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
+    let st = &s.state;
+    let when = |t: u64| tank_pool::fmt_time(t);
+    match st.phase {
+        ScanPhase::None => vec!["none requested".into()],
+        ScanPhase::Canceled => vec![format!("scrub canceled on {}", when(st.end_time))],
+        ScanPhase::Finished => vec![format!(
+            "scrub repaired {} in {} with {} errors on {}",
+            human(st.repaired),
+            hms(st.active_secs),
+            st.errors,
+            when(st.end_time)
+        )],
+        ScanPhase::Scanning => {
+            let total = st.to_examine.max(st.issued).max(1);
+            let head = if st.paused {
+                format!("scrub paused (started {})", when(st.start_time))
+            } else {
+                format!("scrub in progress since {}", when(st.start_time))
+            };
+            let rate = if s.running {
+                format!(" at {}/s", human(s.rate as u64))
+            } else {
+                String::new()
+            };
+            let eta = match s.eta_secs {
+                Some(e) if s.running => format!(", {} to go", hms(e)),
+                _ => String::new(),
+            };
+            vec![
+                head,
+                format!(
+                    "{} / {} scanned, {} / {} issued{rate}",
+                    human(st.examined),
+                    human(total),
+                    human(st.issued),
+                    human(total)
+                ),
+                format!(
+                    "{} repaired, {:.2}% done{eta}",
+                    human(st.repaired),
+                    100.0 * st.issued as f64 / total as f64
+                ),
+            ]
+        }
+    }
+}
+
+/// What `status` shows beside the vdev tree: the scan and the permanent errors.
+pub struct ScanReport {
+    pub scan: ScanStatus,
+    /// Permanent errors, named (see `tank_dataset::error_name`).
+    pub errors: Vec<String>,
+}
+
+impl ScanReport {
+    pub fn of(opened: &crate::pools::Opened) -> Self {
+        let errors = opened
+            .store
+            .scan_errors()
+            .into_iter()
+            .map(|(tree, obj)| tank_dataset::error_name(&opened.dsl, tree, obj))
+            .collect();
+        Self {
+            scan: opened.store.scan_status(),
+            errors,
+        }
+    }
+}
+
+pub fn print_status(st: &PoolStatus, report: &ScanReport, verbose: bool) {
     outln!("  pool: {}", st.name);
     outln!(" state: {}", st.state);
     if let Some(s) = &st.status {
         outln!("status: {s}");
+    } else if !report.errors.is_empty() {
+        outln!("status: One or more devices has experienced an error resulting in data corruption. Applications may be affected.");
     }
     if let Some(a) = &st.action {
         outln!("action: {a}");
+    } else if !report.errors.is_empty() {
+        outln!("action: Restore the files in question from a backup or delete them, then scrub again to clear the list.");
     }
-    outln!("  scan: none requested");
+    for (i, line) in scan_lines(&report.scan).iter().enumerate() {
+        outln!("{}{line}", if i == 0 { "  scan: " } else { "        " });
+    }
     outln!("config:\n");
     let mut t = Table::new();
     t.load_style(presets::NOTHING);
@@ -376,7 +483,64 @@ pub fn print_status(st: &PoolStatus, verbose: bool) {
             st.healed_blocks
         );
     }
-    outln!("errors: No known data errors");
+    if report.errors.is_empty() {
+        outln!("errors: No known data errors");
+    } else if verbose {
+        outln!("errors: Permanent errors have been detected in the following files:\n");
+        for e in &report.errors {
+            outln!("        {e}");
+        }
+    } else {
+        outln!(
+            "errors: {} data errors, use '-v' for a list",
+            report.errors.len()
+        );
+    }
+}
+
+fn scrub(a: ScrubArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let store = opened.store.clone();
+    let name = &a.name;
+    let result = (|| -> Result<()> {
+        if a.stop {
+            store
+                .scrub_cancel()
+                .with_context(|| format!("cannot cancel scrubbing {name}"))?;
+            outln!("scrub of pool '{name}' canceled");
+            return Ok(());
+        }
+        if a.pause {
+            store
+                .scrub_pause()
+                .with_context(|| format!("cannot pause scrubbing {name}"))?;
+            outln!("scrub of pool '{name}' paused; 'tank pool scrub {name}' resumes it");
+            return Ok(());
+        }
+        store
+            .scrub_start()
+            .with_context(|| format!("cannot scrub {name}"))?;
+        if crate::pools::daemon_mode() && !a.wait {
+            outln!("scrub of pool '{name}' started; 'tank pool status {name}' shows its progress");
+            return Ok(());
+        }
+        // In this process: wait, with the progress every few seconds.
+        let mut last = Instant::now();
+        while store.scan_status().running {
+            std::thread::sleep(Duration::from_millis(200));
+            if last.elapsed().as_secs() >= 5 {
+                last = Instant::now();
+                let lines = scan_lines(&store.scan_status());
+                errln!("{}", lines[1..].join(", "));
+            }
+        }
+        store.scan_wait();
+        store.sync()?;
+        outln!("{}", scan_lines(&store.scan_status()).join("\n"));
+        Ok(())
+    })();
+    opened.close()?;
+    result
 }
 
 fn status(a: StatusArgs) -> Result<()> {
@@ -394,14 +558,23 @@ fn status(a: StatusArgs) -> Result<()> {
         for n in &opened.pool.import_notes {
             errln!("note: {n}");
         }
-        all.push(opened.pool.status());
+        all.push((opened.pool.status(), ScanReport::of(&opened)));
         opened.close()?;
     }
     if a.json {
-        outln!("{}", serde_json::to_string_pretty(&all)?);
+        let json: Vec<serde_json::Value> = all
+            .iter()
+            .map(|(st, r)| {
+                let mut v = serde_json::to_value(st).expect("serializable");
+                v["scan"] = serde_json::to_value(&r.scan).expect("serializable");
+                v["errors"] = serde_json::to_value(&r.errors).expect("serializable");
+                v
+            })
+            .collect();
+        outln!("{}", serde_json::to_string_pretty(&json)?);
     } else {
-        for st in &all {
-            print_status(st, a.verbose);
+        for (st, r) in &all {
+            print_status(st, r, a.verbose);
         }
     }
     Ok(())

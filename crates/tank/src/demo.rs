@@ -132,7 +132,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .log_history("tank demo (wrote, verified and removed a test dataset)");
     opened.store.sync()?;
     outln!("removed the test dataset {scratch}\n");
-    crate::cmd_pool::print_status(&opened.pool.status(), false);
+    crate::cmd_pool::print_status(
+        &opened.pool.status(),
+        &crate::cmd_pool::ScanReport::of(&opened),
+        false,
+    );
     opened.close()?;
     outln!("\nnext: 'tank pool status', 'tank pool history', 'tank debug object write tank FILE'");
     Ok(())

@@ -27,6 +27,7 @@ pub struct Opened {
 pub fn open_datasets(pool: &Arc<Pool>) -> Result<(Arc<ObjectStore>, Arc<Dsl>)> {
     let store = ObjectStore::open(pool.clone()).context("cannot open object sets")?;
     let dsl = Dsl::open(store.clone()).context("cannot open the dataset directory")?;
+    store.set_scan_roots(tank_dataset::SnapshotRoots::new(&dsl));
     Ok((store, dsl))
 }
 
@@ -59,8 +60,9 @@ fn daemon_pool(name: &str) -> Option<Opened> {
     DAEMON_POOLS.lock().as_ref()?.get(name).map(Opened::share)
 }
 
-/// Keeps a pool open in the daemon (after create or import).
+/// Keeps a pool open in the daemon (after create or import); a scrub it was running resumes.
 pub fn adopt(opened: Opened) {
+    opened.store.scan_resume();
     if let Some(map) = DAEMON_POOLS.lock().as_mut() {
         map.insert(opened.pool.name(), opened);
     }

@@ -505,6 +505,20 @@ fn serve_creates_mounts_and_answers_the_cli() {
         assert_eq!(std::fs::read(mnt.join("docs/a")).unwrap(), b"A");
         let hist = env.ok(&["pool", "history", "tank"]);
         assert!(hist.contains("tank rollback tank/docs@s"), "{hist}");
+        // A scrub runs in the daemon; status follows it to the end.
+        let out = env.ok(&["pool", "scrub", "tank"]);
+        assert!(out.contains("started"), "{out}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let st = env.ok(&["pool", "status", "tank"]);
+            if st.contains("scan: scrub repaired") {
+                assert!(st.contains("with 0 errors"), "{st}");
+                break;
+            }
+            assert!(st.contains("scrub in progress"), "{st}");
+            assert!(std::time::Instant::now() < deadline, "scrub did not finish");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
     // SIGTERM unmounted and exported; a second start brings everything back.
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -518,4 +532,81 @@ fn serve_creates_mounts_and_answers_the_cli() {
         b"kept across restarts"
     );
     assert_eq!(std::fs::read(mnt.join("docs/a")).unwrap(), b"A");
+}
+
+/// Damages `n` 4 KiB runs at `at` bytes into each named device file.
+fn damage(env: &Env, names: &[&str], at: u64, n: u64) {
+    use std::os::unix::fs::FileExt;
+    for (k, name) in names.iter().enumerate() {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(env.path(name))
+            .unwrap();
+        for i in 0..n {
+            let junk = vec![0x5a ^ (k as u8) ^ (i as u8); 4096];
+            f.write_all_at(&junk, at + i * 65536).unwrap();
+        }
+    }
+}
+
+#[test]
+fn scrub_repairs_reports_permanent_errors_and_refuses_bad_requests() {
+    let env = Env::new();
+    let names = devs("s", 5);
+    let mut args = vec!["pool", "create", "--size", "128M", "sp", "raidz2"];
+    args.extend(names.iter().map(String::as_str));
+    env.ok(&args);
+    let data: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(env.path("blob"), &data).unwrap();
+    env.ok(&["debug", "object", "write", "sp", "blob"]);
+    env.fails(&["pool", "scrub", "-p", "sp"], "no active scrub");
+    env.fails(&["pool", "scrub", "-s", "sp"], "no active scrub");
+    env.fails(&["pool", "scrub", "nosuch"], "no such pool");
+    let out = env.ok(&["pool", "scrub", "sp"]);
+    assert!(out.contains("scrub repaired 0 in"), "{out}");
+    assert!(out.contains("with 0 errors"), "{out}");
+
+    // Two damaged devices of a raidz2: everything is repaired.
+    env.ok(&["pool", "export", "sp"]);
+    damage(&env, &["s1", "s3"], 4 << 20, 100);
+    let import = ["pool", "import", "-d", ".", "sp"];
+    env.ok(&import);
+    let out = env.ok(&["pool", "scrub", "sp"]);
+    assert!(!out.contains("repaired 0 in"), "{out}");
+    assert!(out.contains("with 0 errors"), "{out}");
+    let status = env.ok(&["pool", "status", "sp"]);
+    assert!(status.contains("scan: scrub repaired"), "{status}");
+    assert!(status.contains("errors: No known data errors"), "{status}");
+    let again = env.ok(&["pool", "scrub", "sp"]);
+    assert!(again.contains("scrub repaired 0 in"), "{again}");
+
+    // Three: the damaged blocks are permanent errors, named by object.
+    env.ok(&["pool", "export", "sp"]);
+    damage(&env, &["s0", "s2", "s4"], 4 << 20, 100);
+    env.ok(&import);
+    let out = env.ok(&["pool", "scrub", "sp"]);
+    assert!(!out.contains("with 0 errors"), "{out}");
+    let status = env.ok(&["pool", "status", "sp"]);
+    assert!(
+        status.contains("data errors, use '-v' for a list"),
+        "{status}"
+    );
+    let verbose = env.ok(&["pool", "status", "-v", "sp"]);
+    assert!(verbose.contains("Permanent errors"), "{verbose}");
+    assert!(verbose.contains("sp:<0x1>"), "{verbose}");
+    let json = env.ok(&["pool", "status", "--json", "sp"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v[0]["scan"]["phase"], "finished");
+    assert!(v[0]["scan"]["errors"].as_u64().unwrap() > 0);
+    assert_eq!(v[0]["errors"][0], "sp:<0x1>");
+    env.fails(&["debug", "object", "read", "sp", "1"], "");
+
+    // Once the damaged object is gone, the next scrub clears the list.
+    env.ok(&["debug", "object", "rm", "sp", "1"]);
+    let out = env.ok(&["pool", "scrub", "sp"]);
+    assert!(out.contains("with 0 errors"), "{out}");
+    let status = env.ok(&["pool", "status", "sp"]);
+    assert!(status.contains("errors: No known data errors"), "{status}");
 }
