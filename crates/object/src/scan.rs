@@ -361,6 +361,9 @@ impl ObjectStore {
         }
         self.scanner.mark(self.pool());
         self.pool().log_history("scrub started");
+        self.pool()
+            .events
+            .post("sysevent.fs.zfs.scrub_start", None, String::new());
         self.spawn_scan();
         Ok(())
     }
@@ -371,6 +374,9 @@ impl ObjectStore {
         self.scanner.join();
         self.scanner.state.lock().paused = true;
         self.scanner.mark(self.pool());
+        self.pool()
+            .events
+            .post("sysevent.fs.zfs.scrub_paused", None, String::new());
         Ok(())
     }
 
@@ -387,6 +393,9 @@ impl ObjectStore {
         self.blocks().alloc.lock().unwatch_frees();
         self.scanner.mark(self.pool());
         self.pool().log_history("scrub canceled");
+        self.pool()
+            .events
+            .post("sysevent.fs.zfs.scrub_abort", None, String::new());
         Ok(())
     }
 
@@ -472,7 +481,7 @@ fn scan_thread(weak: Weak<ObjectStore>) {
             st.blocks += region.nodes.blocks;
             st.regions += 1;
         }
-        record_errors(scanner, &region.errors);
+        record_errors(&store, &region.errors);
         scanner.mark(store.pool());
         if !issue(&store, &region) {
             break;
@@ -491,10 +500,15 @@ fn scan_thread(weak: Weak<ObjectStore>) {
                 drop(log);
                 store.blocks().alloc.lock().unwatch_frees();
                 let st = scanner.state.lock().clone();
+                let summary = format!("repaired={} errors={}", st.repaired, st.errors);
                 store.pool().log_history(&format!(
                     "scrub done: repaired {} bytes, {} errors",
                     st.repaired, st.errors
                 ));
+                store
+                    .pool()
+                    .events
+                    .post("sysevent.fs.zfs.scrub_finish", None, summary);
                 scanner.mark(store.pool());
                 break;
             }
@@ -512,15 +526,21 @@ fn tracing_error(msg: &str) {
     eprintln!("tank: {msg}");
 }
 
-fn record_errors(scanner: &Scanner, errors: &[(u64, u64)]) {
+/// Logs permanent errors (by tree and object) and posts them as events.
+fn record_errors(store: &ObjectStore, errors: &[(u64, u64)]) {
     if errors.is_empty() {
         return;
     }
-    let mut log = scanner.errlog.lock();
-    for e in errors {
+    let mut log = store.scanner.errlog.lock();
+    for &(tree, object) in errors {
         if log.1.len() < ERRLOG_MAX {
-            log.1.insert(*e);
+            log.1.insert((tree, object));
         }
+        store.pool().events.post(
+            "ereport.fs.zfs.data",
+            None,
+            format!("tree={tree:#x} object={object:#x}"),
+        );
     }
 }
 
@@ -748,7 +768,7 @@ fn issue(store: &ObjectStore, region: &Region) -> bool {
             if store.pool().is_closed() {
                 continue;
             }
-            record_errors(scanner, &errors);
+            record_errors(store, &errors);
             done.insert(i, c);
             let mut advanced = Counters::default();
             while let Some(c) = done.remove(&prefix) {

@@ -98,6 +98,27 @@ fn scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing() {
                 "{layout}: CKSUM counts {errs:?}, rotted children {bad:?}"
             );
         }
+        // Each CKSUM error is an event naming its device; the scrub's start and end too.
+        let events = pool.events.since(0);
+        let classes: Vec<&str> = events.iter().map(|e| e.class.as_str()).collect();
+        assert!(
+            classes.contains(&"sysevent.fs.zfs.scrub_start"),
+            "{classes:?}"
+        );
+        assert!(
+            classes.contains(&"sysevent.fs.zfs.scrub_finish"),
+            "{classes:?}"
+        );
+        let leaves = pool.leaf_list();
+        for (i, (_, leaf)) in leaves.iter().enumerate() {
+            let n = events
+                .iter()
+                .filter(|e| {
+                    e.class == "ereport.fs.zfs.checksum" && e.vdev.as_deref() == Some(&leaf.path)
+                })
+                .count() as u64;
+            assert_eq!(n, errs[i], "{layout}: checksum events of child {i}");
+        }
         // Every copy is whole again: a second scrub repairs nothing and counts nothing.
         let before = cksum_errors(&pool);
         let again = scrub(&store);
@@ -131,6 +152,13 @@ fn damage_beyond_parity_is_listed_by_object_until_it_is_gone() {
     assert!(st.state.errors > 0, "{st:?}");
     let listed = store.scan_errors();
     assert!(!listed.is_empty());
+    let data_events = pool
+        .events
+        .since(0)
+        .into_iter()
+        .filter(|e| e.class == "ereport.fs.zfs.data")
+        .count() as u64;
+    assert_eq!(data_events, st.state.errors);
     // The objects listed are exactly the ones that cannot be read any more.
     let os = store.objset(ROOT_OBJSET).unwrap();
     let unreadable: Vec<u64> = model

@@ -27,8 +27,8 @@ use tank_block::{
 };
 use tank_device::DeviceRef;
 use tank_vdev::{
-    usable_size, IoBatch, Layout, Leaf, LeafStatsSnapshot, ParityCodec, RaidzGeometry, TopVdev,
-    VdevState, MIN_DEVICE_SIZE,
+    usable_size, EventLog, IoBatch, Layout, Leaf, LeafStatsSnapshot, ParityCodec, RaidzGeometry,
+    TopVdev, VdevState, MIN_DEVICE_SIZE,
 };
 
 use crate::commit::{
@@ -156,6 +156,8 @@ struct Meta {
 }
 
 pub struct Pool {
+    /// Checksum and I/O errors, state changes, scrub start and finish (`pool events`).
+    pub events: Arc<EventLog>,
     config: Mutex<PoolConfig>,
     pub blocks: Arc<BlockStore>,
     tops: Vec<(VdevClass, Arc<TopVdev>)>,
@@ -460,7 +462,25 @@ impl Pool {
             slots.push(Some(top.clone()));
             tops.push((tc.class, top));
         }
+        let events = Arc::new(EventLog::new());
+        for (_, top) in &tops {
+            for leaf in &top.leaves {
+                leaf.set_events(events.clone());
+                if !leaf.is_usable() {
+                    events.post(
+                        "resource.fs.zfs.statechange",
+                        Some(&leaf.path),
+                        format!(
+                            "to={} reason=\"{}\"",
+                            leaf.state().name(),
+                            leaf.reason().unwrap_or_default()
+                        ),
+                    );
+                }
+            }
+        }
         Ok(Pool {
+            events,
             config: Mutex::new(config),
             blocks: Arc::new(BlockStore::new(slots, SpaceAllocator::new())),
             tops,

@@ -32,6 +32,25 @@ pub enum PoolCmd {
     History(HistoryArgs),
     /// Verify every block of the pool (every copy, all parity) and repair what is bad.
     Scrub(ScrubArgs),
+    /// Show the pool's events: checksum and I/O errors, state changes, scrubs.
+    Events(EventsArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct EventsArgs {
+    /// Follow: keep printing new events as they come (needs the daemon).
+    #[arg(short = 'f')]
+    pub follow: bool,
+    /// Clear the events.
+    #[arg(short = 'c')]
+    clear: bool,
+    /// Only the events numbered after this one.
+    #[arg(long, default_value_t = 0)]
+    since: u64,
+    #[arg(long)]
+    json: bool,
+    /// The pool (default: every imported pool).
+    name: Option<String>,
 }
 
 #[derive(Args)]
@@ -147,6 +166,7 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
         PoolCmd::Iostat(a) => iostat(a),
         PoolCmd::History(a) => history(a),
         PoolCmd::Scrub(a) => scrub(a),
+        PoolCmd::Events(a) => events(a),
     }
 }
 
@@ -495,6 +515,108 @@ pub fn print_status(st: &PoolStatus, report: &ScanReport, verbose: bool) {
             "errors: {} data errors, use '-v' for a list",
             report.errors.len()
         );
+    }
+}
+
+/// One event of one pool, as `events --json` prints it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PoolEvent {
+    pool: String,
+    seq: u64,
+    time: f64,
+    class: String,
+    vdev: Option<String>,
+    detail: String,
+}
+
+fn print_events(events: &[PoolEvent]) {
+    for e in events {
+        let secs = e.time as u64;
+        outln!(
+            "{}.{:06}  {}  {:<32} {}{}",
+            tank_pool::fmt_time(secs),
+            ((e.time - secs as f64) * 1e6) as u64,
+            e.pool,
+            e.class,
+            e.vdev
+                .as_deref()
+                .map(|v| format!("{v} "))
+                .unwrap_or_default(),
+            e.detail
+        );
+    }
+}
+
+fn events(a: EventsArgs) -> Result<()> {
+    if a.follow {
+        bail!("'pool events -f' follows the daemon's events: start it with 'tank serve'");
+    }
+    if !crate::pools::daemon_mode() && !a.json {
+        errln!(
+            "note: no daemon runs: events live while a pool is imported, so this shows only \
+             those of opening the pool for this command (start 'tank serve' to keep them)"
+        );
+    }
+    let names = match &a.name {
+        Some(n) => vec![n.clone()],
+        None => pool_names(&[])?,
+    };
+    let mut all = Vec::new();
+    for name in names {
+        let opened = open_pool(&name)?;
+        if a.clear {
+            opened.pool.events.clear();
+        } else {
+            all.extend(
+                opened
+                    .pool
+                    .events
+                    .since(a.since)
+                    .into_iter()
+                    .map(|e| PoolEvent {
+                        pool: name.clone(),
+                        seq: e.seq,
+                        time: e.time,
+                        class: e.class,
+                        vdev: e.vdev,
+                        detail: e.detail,
+                    }),
+            );
+        }
+        opened.close()?;
+    }
+    all.sort_by(|x, y| x.time.total_cmp(&y.time));
+    if a.json {
+        outln!("{}", serde_json::to_string(&all)?);
+    } else if !a.clear {
+        print_events(&all);
+    }
+    Ok(())
+}
+
+/// `pool events -f` in the client: asks the daemon for the newer events twice a second.
+pub fn follow_events(a: &EventsArgs) -> Result<()> {
+    let mut seen: std::collections::HashMap<String, u64> = Default::default();
+    loop {
+        let mut argv = vec!["pool".to_string(), "events".into(), "--json".into()];
+        argv.extend(a.name.clone());
+        let Some(reply) = crate::daemon::forward(&argv)? else {
+            bail!("'pool events -f' follows the daemon's events: start it with 'tank serve'");
+        };
+        if reply.code != 0 {
+            bail!("{}", reply.stderr.trim());
+        }
+        let events: Vec<PoolEvent> = serde_json::from_str(reply.stdout.trim())?;
+        let fresh: Vec<PoolEvent> = events
+            .into_iter()
+            .filter(|e| e.seq > seen.get(&e.pool).copied().unwrap_or(a.since))
+            .collect();
+        for e in &fresh {
+            let s = seen.entry(e.pool.clone()).or_default();
+            *s = (*s).max(e.seq);
+        }
+        print_events(&fresh);
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 

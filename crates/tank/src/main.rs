@@ -133,6 +133,15 @@ pub fn run_in_daemon(argv: Vec<String>) -> i32 {
 
 fn main() {
     let cli = Cli::parse();
+    if let Command::Pool(cmd_pool::PoolCmd::Events(a)) = &cli.command {
+        if a.follow {
+            if let Err(e) = cmd_pool::follow_events(a) {
+                eprintln!("tank: {e:#}");
+                std::process::exit(1);
+            }
+            return;
+        }
+    }
     if forwarded(&cli.command) {
         let argv: Vec<String> = std::env::args().skip(1).collect();
         match daemon::forward(&argv) {

@@ -508,6 +508,8 @@ fn serve_creates_mounts_and_answers_the_cli() {
         // A scrub runs in the daemon; status follows it to the end.
         let out = env.ok(&["pool", "scrub", "tank"]);
         assert!(out.contains("started"), "{out}");
+        let events = env.ok(&["pool", "events", "tank"]);
+        assert!(events.contains("sysevent.fs.zfs.scrub_start"), "{events}");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             let st = env.ok(&["pool", "status", "tank"]);
@@ -602,6 +604,20 @@ fn scrub_repairs_reports_permanent_errors_and_refuses_bad_requests() {
     assert!(v[0]["scan"]["errors"].as_u64().unwrap() > 0);
     assert_eq!(v[0]["errors"][0], "sp:<0x1>");
     env.fails(&["debug", "object", "read", "sp", "1"], "");
+
+    // Without the daemon, events last as long as the command's own import; following
+    // them needs the daemon.
+    let out = env.run(&["pool", "events", "sp"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no daemon runs"));
+    env.fails(
+        &["pool", "events", "-f", "sp"],
+        "start it with 'tank serve'",
+    );
+    let json = env.ok(&["pool", "events", "--json", "sp"]);
+    assert!(serde_json::from_str::<serde_json::Value>(&json)
+        .unwrap()
+        .is_array());
 
     // Once the damaged object is gone, the next scrub clears the list.
     env.ok(&["debug", "object", "rm", "sp", "1"]);

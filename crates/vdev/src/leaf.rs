@@ -199,6 +199,8 @@ pub struct Leaf {
     pub guid: u64,
     pub path: String,
     inner: Mutex<LeafInner>,
+    /// Where errors and state changes are posted (the pool's log, once it is built).
+    events: std::sync::OnceLock<Arc<crate::events::EventLog>>,
     pub stats: LeafStats,
     /// Usable bytes of the data area as recorded in the pool config (the pool's smallest member).
     pub asize: u64,
@@ -231,6 +233,7 @@ impl Leaf {
             }),
             stats: LeafStats::default(),
             asize,
+            events: std::sync::OnceLock::new(),
         });
         if let Some(dev) = dev {
             leaf.attach(dev);
@@ -296,19 +299,57 @@ impl Leaf {
         self.state().usable()
     }
 
+    /// Sets the log errors and state changes are posted to (once).
+    pub fn set_events(&self, log: Arc<crate::events::EventLog>) {
+        let _ = self.events.set(log);
+    }
+
+    fn post(&self, class: &str, detail: String) {
+        if let Some(log) = self.events.get() {
+            log.post(class, Some(&self.path), detail);
+        }
+    }
+
     /// Changes the state (and why). Leaves that are not usable get no I/O.
     pub fn set_state(&self, state: VdevState, reason: Option<String>) {
-        let mut inner = self.inner.lock();
-        inner.state = state;
-        inner.reason = reason;
+        let old = {
+            let mut inner = self.inner.lock();
+            let old = inner.state;
+            inner.state = state;
+            inner.reason = reason.clone();
+            old
+        };
+        if old != state {
+            self.post(
+                "resource.fs.zfs.statechange",
+                format!(
+                    "from={} to={}{}",
+                    old.name(),
+                    state.name(),
+                    reason
+                        .map(|r| format!(" reason=\"{r}\""))
+                        .unwrap_or_default()
+                ),
+            );
+        }
     }
 
     /// Marks the leaf FAULTED after a failed write or flush.
     fn fault(&self, why: String) {
-        let mut inner = self.inner.lock();
-        if inner.state.usable() {
-            inner.state = VdevState::Faulted;
-            inner.reason = Some(why);
+        let changed = {
+            let mut inner = self.inner.lock();
+            let usable = inner.state.usable();
+            if usable {
+                inner.state = VdevState::Faulted;
+                inner.reason = Some(why.clone());
+            }
+            usable
+        };
+        if changed {
+            self.post(
+                "resource.fs.zfs.statechange",
+                format!("to=FAULTED reason=\"{why}\""),
+            );
         }
     }
 
@@ -410,8 +451,13 @@ impl Leaf {
         }
     }
 
-    pub fn count_cksum_error(&self) {
+    /// Counts a CKSUM error: the device returned wrong bytes for `[offset, +len)`.
+    pub fn count_cksum_error(&self, offset: u64, len: u64) {
         self.stats.cksum_errors.fetch_add(1, Ordering::Relaxed);
+        self.post(
+            "ereport.fs.zfs.checksum",
+            format!("offset={offset:#x} size={len:#x}"),
+        );
     }
 
     /// Stops the worker and releases the device (and its lock) before returning; the leaf
@@ -459,6 +505,10 @@ fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
         }
         Err(e) => {
             leaf.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+            leaf.post(
+                "ereport.fs.zfs.io",
+                format!("op=read offset={:#x} size={len:#x} error=\"{e}\"", offset),
+            );
             Err(e)
         }
     };
@@ -489,6 +539,13 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                     }
                     Err(e) => {
                         leaf.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                        leaf.post(
+                            "ereport.fs.zfs.io",
+                            format!(
+                                "op=write offset={offset:#x} size={:#x} error=\"{e}\"",
+                                data.len()
+                            ),
+                        );
                         leaf.fault(format!("write failed: {e}"));
                     }
                 }
@@ -498,6 +555,7 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                 let r = dev.flush();
                 if let Err(e) = &r {
                     leaf.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                    leaf.post("ereport.fs.zfs.io", format!("op=flush error=\"{e}\""));
                     leaf.fault(format!("flush failed: {e}"));
                 }
                 batch.finish(&leaf, r);

@@ -270,7 +270,7 @@ impl TopVdev {
                     break;
                 }
                 Ok(_) => {
-                    leaf.count_cksum_error();
+                    leaf.count_cksum_error(offset, len);
                     fixes.push(idx);
                 }
                 Err(_) => fixes.push(idx),
@@ -424,7 +424,7 @@ impl TopVdev {
                 let col = &map.cols[i];
                 let leaf = &self.leaves[col.child];
                 if !missing[i] {
-                    leaf.count_cksum_error();
+                    leaf.count_cksum_error(col.offset, col.size);
                 }
                 if leaf.is_usable() {
                     fixes.push(Fix {
@@ -467,7 +467,7 @@ impl TopVdev {
                             if verify(&buf) {
                                 good.get_or_insert(buf);
                             } else {
-                                self.leaves[i].count_cksum_error();
+                                self.leaves[i].count_cksum_error(offset, len);
                                 bad.push(i);
                             }
                         }
