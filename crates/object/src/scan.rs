@@ -472,6 +472,9 @@ fn scan_thread(weak: Weak<ObjectStore>) {
                 break;
             }
         };
+        if scanner.stop.load(Ordering::Acquire) {
+            break;
+        }
         {
             let mut st = scanner.state.lock();
             st.examined += region.examined;
@@ -563,6 +566,7 @@ struct Region {
 /// The walk's node reader and collector (see the module documentation, step 1).
 struct Collector<'a> {
     blocks: &'a BlockStore,
+    stop: &'a AtomicBool,
     cursor: (u32, u64),
     max_txg: u64,
     budget: usize,
@@ -620,7 +624,8 @@ struct Visit<'a, 'b>(&'a Collector<'b>);
 
 impl ScanVisitor for Visit<'_, '_> {
     fn enter(&mut self, bp: &BlockPtr) -> bool {
-        self.0.inner.lock().seen.insert(address(bp))
+        // A pause or cancel ends the walk early; the region is then not issued at all.
+        !self.0.stop.load(Ordering::Acquire) && self.0.inner.lock().seen.insert(address(bp))
     }
 
     fn data(&mut self, key: &Key, bp: &BlockPtr) {
@@ -676,6 +681,7 @@ fn collect(
     let pool = store.pool();
     let c = Collector {
         blocks: store.blocks(),
+        stop: &store.scanner.stop,
         cursor,
         max_txg,
         budget,
