@@ -8,54 +8,11 @@ use std::sync::Arc;
 
 use common::*;
 use rand::Rng;
-use tank_device::{DeviceRef, FaultConfig, SimDevice, SimFleet};
+use tank_device::{DeviceRef, FaultConfig, SimFleet};
 use tank_object::ROOT_OBJSET;
 use tank_vdev::FRONT_RESERVE;
 
 const DEV: u64 = 64 << 20;
-
-/// Fills the pool with a model workload and syncs.
-fn populate(store: &tank_object::ObjectStore, seed: u64, steps: usize) -> Model {
-    let mut model = Model::new();
-    let mut r = rng(seed);
-    for _ in 0..steps {
-        random_step(store, &mut model, &mut r, 300_000).unwrap();
-    }
-    store.sync().unwrap();
-    model
-}
-
-/// Flips bytes in 16 KiB regions of the first 8 MiB of the data area (where the allocator
-/// put the data), each with probability `p`.
-fn rot(dev: &SimDevice, seed: u64, p: f64) -> usize {
-    let mut r = rng(seed);
-    let mut n = 0;
-    let mut off = FRONT_RESERVE;
-    while off < FRONT_RESERVE + (8 << 20) {
-        if r.gen_bool(p) {
-            dev.corrupt(off + r.gen_range(0..12000), r.gen_range(1..3000))
-                .unwrap();
-            n += 1;
-        }
-        off += 16384;
-    }
-    n
-}
-
-fn cksum_errors(pool: &tank_pool::Pool) -> Vec<u64> {
-    pool.leaf_list()
-        .iter()
-        .map(|(_, l)| l.stats.snapshot().cksum_errors)
-        .collect()
-}
-
-fn reimport(devs: &[SimDevice]) -> (Arc<tank_pool::Pool>, Arc<tank_object::ObjectStore>) {
-    let refs: Vec<DeviceRef> = devs
-        .iter()
-        .map(|d| Arc::new(d.clone()) as DeviceRef)
-        .collect();
-    import_devs(&refs, false).unwrap()
-}
 
 #[test]
 fn bit_rot_on_parity_children_is_repaired_and_counted() {
@@ -71,7 +28,7 @@ fn bit_rot_on_parity_children_is_repaired_and_counted() {
         pool.export().unwrap();
         let mut flipped = 0;
         for &b in &bad {
-            flipped += rot(&devs[b], 100 + b as u64, 0.5);
+            flipped += rot(&devs[b], 100 + b as u64, 0.5, 8 << 20);
         }
         assert!(flipped > 20, "{layout}: corrupted only {flipped} regions");
         let (pool, store) = reimport(&devs);
@@ -207,8 +164,8 @@ fn mirror_survives_all_but_one_side() {
     let model = populate(&store, 9, 30);
     drop(store);
     pool.export().unwrap();
-    rot(&devs[0], 1, 0.6);
-    rot(&devs[1], 2, 0.6);
+    rot(&devs[0], 1, 0.6, 8 << 20);
+    rot(&devs[1], 2, 0.6, 8 << 20);
     let (pool, store) = reimport(&devs);
     verify(&store, &model).unwrap();
     // Reads spread over the sides: the rotted ones were read (and repaired) where chosen.

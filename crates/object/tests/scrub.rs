@@ -8,55 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rand::Rng;
-use tank_device::{CrashMode, DeviceRef, SimDevice, SimFleet};
+use tank_device::{CrashMode, SimFleet};
 use tank_object::{ObjectStore, ScanPhase, ScanStatus, ROOT_OBJSET};
-use tank_pool::Pool;
-use tank_vdev::FRONT_RESERVE;
 
 const DEV: u64 = 64 << 20;
-
-fn populate(store: &ObjectStore, seed: u64, steps: usize) -> Model {
-    let mut model = Model::new();
-    let mut r = rng(seed);
-    for _ in 0..steps {
-        random_step(store, &mut model, &mut r, 300_000).unwrap();
-    }
-    store.sync().unwrap();
-    model
-}
-
-/// Flips bytes in 16 KiB regions of the first `span` bytes of the data area, each region
-/// with probability `p`; returns how many regions were damaged.
-fn rot(dev: &SimDevice, seed: u64, p: f64, span: u64) -> usize {
-    let mut r = rng(seed);
-    let mut n = 0;
-    let mut off = FRONT_RESERVE;
-    while off < FRONT_RESERVE + span {
-        if r.gen_bool(p) {
-            dev.corrupt(off + r.gen_range(0..12000), r.gen_range(1..3000))
-                .unwrap();
-            n += 1;
-        }
-        off += 16384;
-    }
-    n
-}
-
-fn cksum_errors(pool: &Pool) -> Vec<u64> {
-    pool.leaf_list()
-        .iter()
-        .map(|(_, l)| l.stats.snapshot().cksum_errors)
-        .collect()
-}
-
-fn reimport(devs: &[SimDevice]) -> (Arc<Pool>, Arc<ObjectStore>) {
-    let refs: Vec<DeviceRef> = devs
-        .iter()
-        .map(|d| Arc::new(d.clone()) as DeviceRef)
-        .collect();
-    import_devs(&refs, false).unwrap()
-}
 
 /// Runs a scrub to the end (pushing txgs, which the manual test tunables do not do).
 fn scrub(store: &Arc<ObjectStore>) -> ScanStatus {

@@ -199,3 +199,48 @@ pub fn verify(store: &ObjectStore, model: &Model) -> Result<(), String> {
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
+
+/// Fills the pool with a model workload and syncs.
+pub fn populate(store: &ObjectStore, seed: u64, steps: usize) -> Model {
+    let mut model = Model::new();
+    let mut r = rng(seed);
+    for _ in 0..steps {
+        random_step(store, &mut model, &mut r, 300_000).unwrap();
+    }
+    store.sync().unwrap();
+    model
+}
+
+/// Flips bytes in 16 KiB regions of the first `span` bytes of the data area (where the
+/// allocator put the data), each region with probability `p`; returns how many.
+pub fn rot(dev: &SimDevice, seed: u64, p: f64, span: u64) -> usize {
+    let mut r = rng(seed);
+    let mut n = 0;
+    let mut off = tank_vdev::FRONT_RESERVE;
+    while off < tank_vdev::FRONT_RESERVE + span {
+        if r.gen_bool(p) {
+            dev.corrupt(off + r.gen_range(0..12000), r.gen_range(1..3000))
+                .unwrap();
+            n += 1;
+        }
+        off += 16384;
+    }
+    n
+}
+
+/// CKSUM counts of every leaf, in pool order.
+pub fn cksum_errors(pool: &Pool) -> Vec<u64> {
+    pool.leaf_list()
+        .iter()
+        .map(|(_, l)| l.stats.snapshot().cksum_errors)
+        .collect()
+}
+
+/// Imports the pool from the simulated devices again.
+pub fn reimport(devs: &[SimDevice]) -> (Arc<Pool>, Arc<ObjectStore>) {
+    let refs: Vec<DeviceRef> = devs
+        .iter()
+        .map(|d| Arc::new(d.clone()) as DeviceRef)
+        .collect();
+    import_devs(&refs, false).unwrap()
+}
