@@ -9,6 +9,7 @@
 #[macro_use]
 mod out;
 mod bench;
+mod bench_scrub;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
@@ -72,6 +73,8 @@ enum Command {
     Bench(fsbench::FsBenchArgs),
     /// Measure a pool layout at the engine level against the raw device files it is built on.
     BenchEngine(bench::BenchArgs),
+    /// Measure the scrub and a degraded read against the raw device files.
+    BenchScrub(bench_scrub::ScrubBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
 }
@@ -90,6 +93,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => fsbench::run(a),
         Command::BenchEngine(a) => bench::run(a),
+        Command::BenchScrub(a) => bench_scrub::run(a),
         Command::Plan(a) => plan::run(a),
     }
 }

@@ -59,6 +59,9 @@ pub enum VdevError {
 pub struct PendingRead {
     parts: Vec<crossbeam_channel::Receiver<Result<Vec<u8>, tank_device::DeviceError>>>,
     len: u64,
+    /// A degraded RAID-Z read: every column was submitted (`parts` in map order), to be
+    /// rebuilt from the parity when finished.
+    degraded: Option<(crate::raidz::RaidzMap, u64)>,
 }
 
 /// What a read found, for the scrub and the tests.
@@ -534,17 +537,32 @@ impl TopVdev {
                 Some(PendingRead {
                     parts: vec![leaf.read_async(offset, len as usize)],
                     len,
+                    degraded: None,
                 })
             }
             Layout::Raidz(g) => {
                 let map = g.map(offset, len);
+                let read = |c: &crate::raidz::RaidzCol| {
+                    self.leaves[c.child].read_async(c.offset, c.size as usize)
+                };
+                // A data column on a missing device: read the parity at once too, so a
+                // degraded stream keeps many blocks in flight instead of rebuilding one at a
+                // time in the slow path.
+                if map
+                    .data_cols()
+                    .iter()
+                    .any(|c| !self.leaves[c.child].is_usable())
+                {
+                    return Some(PendingRead {
+                        parts: map.cols.iter().map(read).collect(),
+                        len,
+                        degraded: Some((map, offset)),
+                    });
+                }
                 Some(PendingRead {
-                    parts: map
-                        .data_cols()
-                        .iter()
-                        .map(|c| self.leaves[c.child].read_async(c.offset, c.size as usize))
-                        .collect(),
+                    parts: map.data_cols().iter().map(read).collect(),
                     len,
+                    degraded: None,
                 })
             }
         }
@@ -557,6 +575,18 @@ impl TopVdev {
         pending: PendingRead,
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Option<Vec<u8>> {
+        if let Some((map, offset)) = pending.degraded {
+            let cols: Vec<Option<Vec<u8>>> = pending
+                .parts
+                .into_iter()
+                .map(|rx| rx.recv().ok().and_then(Result::ok))
+                .collect();
+            let (data, fixes, _) = self
+                .reconstruct(&map, cols, offset, pending.len, verify)
+                .ok()?;
+            self.heal(&fixes);
+            return Some(data);
+        }
         let mut parts = pending.parts.into_iter();
         let mut data = parts.next()?.recv().ok()?.ok()?;
         if data.len() as u64 != pending.len {
