@@ -27,6 +27,8 @@
 //! **Accounting.** Each sync's `SyncReport` per object set updates the head's counters:
 //! `referenced` (every block of its tree), `unique` (those born after its origin, i.e.
 //! `usedbydataset`), `written` (born since the latest snapshot), and the deadlist totals.
+//! A snapshot keeps the `written` it was taken with (born since the one before it);
+//! destroying it adds that to its successor's, less what the destroy freed.
 //! Sizes are `dsize`: allocated bytes deflated by parity, the units of usable capacity.
 //!
 //! # Concurrency
@@ -114,7 +116,8 @@ pub struct Record {
     /// Space of the blocks born after the origin (usedbydataset).
     pub unique: u64,
     pub lunique: u64,
-    /// Space born since the latest snapshot.
+    /// Space of the blocks of the tree born after the previous snapshot (a head's latest
+    /// one, a snapshot's previous one, else the origin).
     pub written: u64,
     /// A snapshot's clones.
     #[serde(default)]
@@ -223,6 +226,8 @@ pub enum Op {
     },
     Destroy {
         name: String,
+        /// A dataset's children and snapshots too; for a snapshot, the snapshot of the
+        /// same name of every descendant.
         recursive: bool,
         dependents: bool,
     },
@@ -276,8 +281,10 @@ pub struct Dsl {
     frozen: Mutex<Vec<Task>>,
     /// Datasets in use (mounted, or a volume open), with what holds them.
     holds: Mutex<HashMap<u64, String>>,
-    /// Snapshot `used` by (snapshot, next's deadlist count), computed on demand.
-    snap_used_cache: Mutex<HashMap<(u64, u64, u64), u64>>,
+    /// Snapshot `used` by (snapshot, next's deadlist, its entry count, the previous
+    /// snapshot's txg), computed on demand. An entry goes when its deadlist is cleared
+    /// (the count alone cannot tell a refilled list from the old one).
+    snap_used_cache: Mutex<HashMap<(u64, u64, u64, u64), u64>>,
 }
 
 impl std::fmt::Debug for Dsl {
@@ -356,6 +363,17 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+/// A tree root about to be walked in syncing context (`blocks_born_after` reads its nodes
+/// from the devices): when this txg wrote it, its new nodes may still be queued, so the
+/// txg's writes are waited for first. (A write that failed faults its leaf, which the sync
+/// checks after the hook.)
+fn settled(ctx: &HookContext<'_>, root: Option<BlockPtr>) -> Option<BlockPtr> {
+    if root.is_some_and(|bp| bp.birth_txg == ctx.txg) {
+        let _ = ctx.batch.wait();
+    }
+    root
 }
 
 /// Every item of one object and kind, in offset order, read in batches.
@@ -939,7 +957,7 @@ impl Dsl {
             head.origin_txg
         };
         let count = st.deadlists.get(&next_deadlist).map_or(0, |h| h.count);
-        let key = (snap.id, next_deadlist, count);
+        let key = (snap.id, next_deadlist, count, prev_txg);
         if let Some(v) = self.snap_used_cache.lock().get(&key) {
             return Ok(*v);
         }
@@ -1024,11 +1042,7 @@ impl Dsl {
                     used.logical
                 }),
                 "logicalreferenced" => computed(r.lreferenced),
-                "written" => computed(if r.kind == DatasetKind::Snapshot {
-                    0
-                } else {
-                    r.written
-                }),
+                "written" => computed(r.written),
                 "origin" => {
                     if r.origin != 0 {
                         (st.full_name(&pool, r.origin), "-".into())
@@ -1182,6 +1196,9 @@ impl Dsl {
         }
         st.deadlists.insert(dl, DeadlistHeader::default());
         st.mark_deadlist(dl);
+        self.snap_used_cache
+            .lock()
+            .retain(|(_, next_dl, _, _), _| *next_dl != dl);
         Ok(())
     }
 
@@ -1302,7 +1319,7 @@ impl Dsl {
         st.header_dirty = true;
         let dl = st.new_deadlist();
         // A pool written before it had datasets: account what its root object set holds.
-        let root = ctx.store.objset(ROOT_OBJSET)?.root();
+        let root = settled(ctx, ctx.store.objset(ROOT_OBJSET)?.root());
         let mut space = Space::default();
         for bp in ctx.store.blocks_born_after(root, 0)? {
             space.add(Space::of(ctx.blocks, &bp));
@@ -1602,6 +1619,12 @@ impl Dsl {
         let r = st.rec(id)?.clone();
         if r.kind == DatasetKind::Snapshot {
             snaps.push(id);
+            if recursive {
+                // As zfs destroy -r: the snapshot of that name of every descendant too.
+                for h in self.subtree_locked(st, r.parent).into_iter().skip(1) {
+                    snaps.extend(st.child(h, &r.name, true));
+                }
+            }
         } else {
             let tree = self.subtree_locked(st, id);
             if tree.len() > 1 && !recursive {
@@ -1740,8 +1763,10 @@ impl Dsl {
         // Entries of next's deadlist born after prev: only this snapshot held them.
         let entries = self.deadlist_entries(next_dl)?;
         let mut keep = Vec::new();
+        let mut freed = 0;
         for bp in entries {
             if bp.birth_txg > prev_txg {
+                freed += ctx.blocks.dsize(&bp);
                 ctx.blocks.free(&bp, ctx.txg).map_err(ObjectError::from)?;
             } else {
                 keep.push(bp);
@@ -1753,6 +1778,9 @@ impl Dsl {
         self.deadlist_remove(st, s.deadlist)?;
         let n = st.rec_mut(next)?;
         n.prev_snap = s.prev_snap;
+        // Next's `written` now counts from prev: what this snapshot's tree had born after
+        // prev (its `written`), less what of it next no longer holds (just freed).
+        n.written = (n.written + s.written).saturating_sub(freed);
         if next == head.id {
             let os = ctx.store.objset(head.objset)?;
             os.set_snapshot_txgs(prev_txg, head.origin_txg);
@@ -1767,7 +1795,8 @@ impl Dsl {
         let r = st.rec(id)?.clone();
         assert_eq!(r.prev_snap, 0, "head destroyed before its snapshots");
         let root = ctx.store.remove_objset_syncing(r.objset)?;
-        ctx.store.free_born_after(root, r.origin_txg, ctx.txg)?;
+        ctx.store
+            .free_born_after(settled(ctx, root), r.origin_txg, ctx.txg)?;
         for bp in self.deadlist_entries(r.deadlist)? {
             if bp.birth_txg > r.origin_txg {
                 ctx.blocks.free(&bp, ctx.txg).map_err(ObjectError::from)?;
@@ -1835,7 +1864,8 @@ impl Dsl {
             self.destroy_snapshot(st, ctx, *l)?;
         }
         let os = ctx.store.objset(head.objset)?;
-        ctx.store.free_born_after(os.root(), s.txg, ctx.txg)?;
+        ctx.store
+            .free_born_after(settled(ctx, os.root()), s.txg, ctx.txg)?;
         // The head's deadlist holds blocks the snapshot references: live again.
         let dl = st.rec(head.id)?.deadlist;
         self.deadlist_clear(st, dl)?;
@@ -1977,6 +2007,8 @@ impl Dsl {
         let rec = st.rec_mut(id)?;
         rec.parent = parent;
         rec.name = tn.path.last().copied().unwrap_or("").to_string();
+        // Below another parent, it and its descendants may inherit other values.
+        self.refresh_policies(st, id)?;
         Ok(vec![id])
     }
 
@@ -2071,13 +2103,20 @@ impl Dsl {
             self.check_reservation(st, id, grow_resv, name)?;
         }
         st.rec_mut(id)?.props = new_props;
-        // Write policies of this dataset and of every descendant that inherits.
+        self.refresh_policies(st, id)?;
+        Ok(vec![id])
+    }
+
+    /// Sets the write policies of a dataset and of its descendants from their effective
+    /// properties (after a change to what they inherit).
+    fn refresh_policies(&self, st: &State, id: u64) -> Res<()> {
+        let pool = self.pool_name();
         for d in self.subtree_locked(st, id) {
             if let Ok(os) = self.store.objset(st.rec(d)?.objset) {
                 os.set_policy(Self::policy_of(st, &pool, d));
             }
         }
-        Ok(vec![id])
+        Ok(())
     }
 }
 
@@ -2113,7 +2152,7 @@ impl SyncHook for Dsl {
         self.persist(&mut st).map_err(fail)?;
         self.snap_used_cache
             .lock()
-            .retain(|(s, _, _), _| st.records.contains_key(s));
+            .retain(|(s, _, _, _), _| st.records.contains_key(s));
         Ok(())
     }
 
