@@ -1,7 +1,10 @@
 //! Shared helpers for the POSIX layer tests: pools on memory or simulated devices, a
-//! filesystem mounted on the root object set with test hooks, export and import.
+//! filesystem mounted on the root object set with test hooks, export and import, `fsck`.
+//! `dsl`: the same for filesystems on datasets, with checks of the dataset accounting.
 
 #![allow(dead_code)]
+
+pub mod dsl;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -325,6 +328,12 @@ pub fn fsck_live(fs: &Fs, store: &ObjectStore) -> Result<Image, String> {
 }
 
 fn fsck_with(fs: &Fs, store: &ObjectStore, live: bool) -> Result<Image, String> {
+    let objset = store.objset(ROOT_OBJSET).map_err(|e| e.to_string())?;
+    fsck_objset(fs, &objset, live)
+}
+
+/// `fsck` of a filesystem on any object set (a dataset's, or a snapshot's read-only one).
+pub fn fsck_objset(fs: &Fs, objset: &tank_object::ObjectSet, live: bool) -> Result<Image, String> {
     use std::collections::{BTreeMap, HashMap};
     use tank_dataset::posix::{Cred, FileKind, ROOT_INO};
     let root = Cred::root();
@@ -469,7 +478,6 @@ fn fsck_with(fs: &Fs, store: &ObjectStore, live: bool) -> Result<Image, String> 
             }
         }
     }
-    let objset = store.objset(ROOT_OBJSET).map_err(|e| e.to_string())?;
     let mut objects = objset
         .list_objects(1, usize::MAX)
         .map_err(|e| e.to_string())?;
