@@ -392,7 +392,7 @@ impl BlockStore {
                 failed.push(*dva);
                 continue;
             }
-            match vdev.read(dva.offset, rounded, verify) {
+            match vdev.read(dva.offset, rounded, bp.birth_txg, verify) {
                 Ok((buf, report)) => {
                     if report.repaired > 0 {
                         self.stats.lock().healed_in_vdev += 1;
@@ -482,7 +482,7 @@ impl BlockStore {
             };
             let read = (dva.asize >= vdev.asize(len as u64))
                 .then(|| {
-                    vdev.scrub_read(dva.offset, vdev.round(len as u64), verify)
+                    vdev.scrub_read(dva.offset, vdev.round(len as u64), bp.birth_txg, verify)
                         .ok()
                 })
                 .flatten();
@@ -540,7 +540,7 @@ impl BlockStore {
             bp.dvas().next().and_then(|d| {
                 let vdev = self.vdev(d.vdev).ok()?;
                 let len = vdev.round(u64::from(bp.psize));
-                let p = vdev.submit_read(d.offset, len)?;
+                let p = vdev.submit_read(d.offset, len, bp.birth_txg)?;
                 Some((vdev, p))
             })
         };

@@ -87,6 +87,7 @@ pub enum ScanPhase {
 
 /// The persistent state of the last or running scan.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
 pub struct ScanState {
     pub func: String,
     pub phase: ScanPhase,
@@ -111,6 +112,23 @@ pub struct ScanState {
     /// Seconds spent scanning, pauses excluded (up to the last persisted point).
     pub active_secs: f64,
     pub regions: u64,
+    /// Resilver: blocks born before this txg are not issued (nor walked).
+    pub min_birth: u64,
+    /// Resilver: only blocks with a copy on these top-level vdevs are issued (all if empty).
+    pub vdevs: Vec<u32>,
+    /// Resilver: the leaves rebuilt, (guid, first txg, last txg) they lacked.
+    pub leaves: Vec<(u64, u64, u64)>,
+    /// Resilver: the rebuild is done and a pass is verifying it.
+    pub verifying: bool,
+    /// Resilver: bytes issued and repaired by the rebuild pass.
+    pub rebuilt: u64,
+    pub rebuilt_repaired: u64,
+    /// Resilver: bytes the verifying pass read, and what it still had to rewrite (0 when
+    /// the rebuild was complete).
+    pub verified: u64,
+    pub verify_repaired: u64,
+    /// Verifying passes run (another runs when one still had to rewrite something).
+    pub verify_passes: u32,
 }
 
 /// What `status` shows: the state plus the live figures.
@@ -223,6 +241,20 @@ impl Scanner {
             Ok(set)
         };
         *self.errlog.lock() = (read_log(KIND_ERRLOG_LAST)?, read_log(KIND_ERRLOG_SCAN)?);
+        // A resilver in progress: its leaves lack what they lacked when it started (their
+        // uberblocks are current again, so import alone cannot tell).
+        let st = self.state.lock().clone();
+        if st.func == "resilver" && st.phase == ScanPhase::Scanning {
+            for (_, leaf) in store.pool().leaf_list() {
+                if let Some(&(_, first, last)) = st.leaves.iter().find(|l| l.0 == leaf.guid) {
+                    if st.verifying {
+                        leaf.rebuilt();
+                    } else {
+                        leaf.set_dtl(Some((first, last)));
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -339,6 +371,9 @@ impl ObjectStore {
         self.pool().wait_synced()?;
         {
             let mut st = self.scanner.state.lock();
+            if st.phase == ScanPhase::Scanning && st.func == "resilver" {
+                return Err(ObjectError::Busy("currently resilvering".into()));
+            }
             if st.phase == ScanPhase::Scanning && !st.paused {
                 return Err(ObjectError::Busy(
                     "currently scrubbing; use 'scrub -s' to cancel, 'scrub -p' to pause".into(),
@@ -400,8 +435,15 @@ impl ObjectStore {
     }
 
     fn scan_must_be_active(&self) -> Result<(), ObjectError> {
-        if self.scanner.state.lock().phase != ScanPhase::Scanning {
+        let st = self.scanner.state.lock();
+        if st.phase != ScanPhase::Scanning {
             return Err(ObjectError::Invalid("there is no active scrub".into()));
+        }
+        if st.func == "resilver" {
+            return Err(ObjectError::Busy(
+                "a resilver is running (it restores redundancy and cannot be paused or canceled)"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -423,12 +465,76 @@ impl ObjectStore {
         }
     }
 
-    /// Starts the scan thread if a scan is active and not paused (after import).
+    /// Starts the scan thread if a scan is active and not paused (after import), or a
+    /// resilver if a device lacks txgs and none runs.
     pub fn scan_resume(self: &Arc<Self>) {
         let st = self.scanner.state.lock().clone();
-        if st.phase == ScanPhase::Scanning && !st.paused && !self.scanner.running() {
+        let resilvering = st.phase == ScanPhase::Scanning && st.func == "resilver";
+        if !resilvering && !self.lacking_leaves().is_empty() {
+            let _ = self.resilver_start();
+        } else if st.phase == ScanPhase::Scanning && !st.paused && !self.scanner.running() {
             self.spawn_scan();
         }
+    }
+
+    /// Leaves that lack txgs: (guid, first, last, top-level vdev).
+    fn lacking_leaves(&self) -> Vec<(u64, u64, u64, u32)> {
+        self.pool()
+            .leaf_list()
+            .into_iter()
+            .filter_map(|(top, leaf)| leaf.dtl().map(|(a, b)| (leaf.guid, a, b, top)))
+            .collect()
+    }
+
+    /// Starts a resilver of every device that lacks txgs (a running scrub gives way; a
+    /// running resilver starts over with the new devices too). Returns false when no device
+    /// needs one.
+    pub fn resilver_start(self: &Arc<Self>) -> Result<bool, ObjectError> {
+        let lacking = self.lacking_leaves();
+        if lacking.is_empty() {
+            return Ok(false);
+        }
+        self.scanner.join();
+        let mut vdevs: Vec<u32> = lacking.iter().map(|l| l.3).collect();
+        vdevs.sort_unstable();
+        vdevs.dedup();
+        let to_examine = {
+            let alloc = self.blocks().alloc.lock();
+            vdevs
+                .iter()
+                .filter_map(|v| alloc.vdev(*v).map(|s| s.allocated()))
+                .sum()
+        };
+        {
+            let mut st = self.scanner.state.lock();
+            *st = ScanState {
+                func: "resilver".into(),
+                phase: ScanPhase::Scanning,
+                start_time: now_secs(),
+                start_txg: u64::MAX,
+                to_examine,
+                min_birth: lacking.iter().map(|l| l.1).min().unwrap_or(0),
+                vdevs,
+                leaves: lacking.iter().map(|l| (l.0, l.1, l.2)).collect(),
+                ..ScanState::default()
+            };
+        }
+        self.scanner.mark(self.pool());
+        self.pool().log_history("resilver started");
+        let names: Vec<String> = self
+            .pool()
+            .leaf_list()
+            .iter()
+            .filter(|(_, l)| l.dtl().is_some())
+            .map(|(_, l)| l.path.clone())
+            .collect();
+        self.pool().events.post(
+            "sysevent.fs.zfs.resilver_start",
+            None,
+            format!("devices=\"{}\"", names.join(" ")),
+        );
+        self.spawn_scan();
+        Ok(true)
     }
 
     fn spawn_scan(self: &Arc<Self>) {
@@ -458,12 +564,19 @@ fn scan_thread(weak: Weak<ObjectStore>) {
         if scanner.stop.load(Ordering::Acquire) || store.pool().is_closed() {
             break;
         }
-        let (cursor, start_txg) = {
+        let (cursor, filter) = {
             let st = scanner.state.lock();
-            (st.cursor, st.start_txg)
+            (
+                st.cursor,
+                Filter {
+                    max_txg: st.start_txg,
+                    min_birth: st.min_birth,
+                    vdevs: st.vdevs.clone(),
+                },
+            )
         };
         let budget = scanner.region_budget.load(Ordering::Relaxed);
-        let region = match collect(&store, cursor, budget, start_txg) {
+        let region = match collect(&store, cursor, budget, filter) {
             Ok(r) => r,
             Err(e) => {
                 if !store.pool().is_closed() {
@@ -493,6 +606,7 @@ fn scan_thread(weak: Weak<ObjectStore>) {
         let mut st = scanner.state.lock();
         match region.end {
             Some(end) => st.cursor = end,
+            None if st.func == "resilver" && next_verify_pass(&store, &mut st) => {}
             None => {
                 st.phase = ScanPhase::Finished;
                 st.end_time = now_secs();
@@ -503,6 +617,11 @@ fn scan_thread(weak: Weak<ObjectStore>) {
                 drop(log);
                 store.blocks().alloc.lock().unwatch_frees();
                 let st = scanner.state.lock().clone();
+                if st.func == "resilver" {
+                    finish_resilver(&store, &st);
+                    scanner.mark(store.pool());
+                    break;
+                }
                 let summary = format!("repaired={} errors={}", st.repaired, st.errors);
                 store.pool().log_history(&format!(
                     "scrub done: repaired {} bytes, {} errors",
@@ -522,6 +641,55 @@ fn scan_thread(weak: Weak<ObjectStore>) {
     account(&mut last);
     scanner.live.lock().2 = Counters::default();
     scanner.mark(store.pool());
+}
+
+/// At the end of a resilver pass: after the rebuild, and after a verifying pass that still
+/// had to rewrite something, starts a verifying pass over the same blocks; returns false
+/// when the resilver is done.
+fn next_verify_pass(store: &ObjectStore, st: &mut ScanState) -> bool {
+    if st.verifying {
+        st.verified = st.issued - st.rebuilt;
+        st.verify_repaired = st.repaired - st.rebuilt_repaired;
+        if st.verify_repaired == 0 || st.verify_passes >= 3 {
+            return false;
+        }
+    } else {
+        st.verifying = true;
+        // The rebuilt leaves are read like any other from now on.
+        for (_, leaf) in store.pool().leaf_list() {
+            if st.leaves.iter().any(|l| l.0 == leaf.guid) {
+                leaf.rebuilt();
+            }
+        }
+    }
+    st.verify_passes += u32::from(st.verifying);
+    st.rebuilt = st.issued;
+    st.rebuilt_repaired = st.repaired;
+    st.cursor = (0, 0);
+    true
+}
+
+/// Marks the resilvered leaves whole (when the last verifying pass found everything in
+/// place) and reports.
+fn finish_resilver(store: &ObjectStore, st: &ScanState) {
+    let whole = st.verify_repaired == 0 && st.errors == 0;
+    for (_, leaf) in store.pool().leaf_list() {
+        if whole && st.leaves.iter().any(|l| l.0 == leaf.guid) {
+            leaf.set_resilvered();
+        }
+    }
+    store.pool().log_history(&format!(
+        "resilver done: rebuilt {} bytes, verified {} bytes ({} rewritten by verification), {} errors",
+        st.rebuilt_repaired, st.verified, st.verify_repaired, st.errors
+    ));
+    store.pool().events.post(
+        "sysevent.fs.zfs.resilver_finish",
+        None,
+        format!(
+            "resilvered={} verified={} verify_rewrote={} errors={} whole={whole}",
+            st.rebuilt_repaired, st.verified, st.verify_repaired, st.errors
+        ),
+    );
 }
 
 /// A scan failure with no caller to return it to goes to stderr, as the sync thread's do.
@@ -564,11 +732,29 @@ struct Region {
 }
 
 /// The walk's node reader and collector (see the module documentation, step 1).
+/// Which blocks a scan issues.
+struct Filter {
+    /// Blocks born later are skipped (the scrub's start).
+    max_txg: u64,
+    /// Blocks born earlier are skipped, and subtrees of nodes born earlier are not walked.
+    min_birth: u64,
+    /// Only blocks with a copy on these top-level vdevs (all when empty).
+    vdevs: Vec<u32>,
+}
+
+impl Filter {
+    fn wants(&self, bp: &BlockPtr) -> bool {
+        bp.birth_txg <= self.max_txg
+            && bp.birth_txg >= self.min_birth
+            && (self.vdevs.is_empty() || bp.dvas().any(|d| self.vdevs.contains(&d.vdev)))
+    }
+}
+
 struct Collector<'a> {
     blocks: &'a BlockStore,
     stop: &'a AtomicBool,
     cursor: (u32, u64),
-    max_txg: u64,
+    filter: Filter,
     budget: usize,
     inner: Mutex<CollectState>,
 }
@@ -625,12 +811,15 @@ struct Visit<'a, 'b>(&'a Collector<'b>);
 impl ScanVisitor for Visit<'_, '_> {
     fn enter(&mut self, bp: &BlockPtr) -> bool {
         // A pause or cancel ends the walk early; the region is then not issued at all.
-        !self.0.stop.load(Ordering::Acquire) && self.0.inner.lock().seen.insert(address(bp))
+        // Copy-on-write: nothing below a node is newer than the node.
+        !self.0.stop.load(Ordering::Acquire)
+            && bp.birth_txg >= self.0.filter.min_birth
+            && self.0.inner.lock().seen.insert(address(bp))
     }
 
     fn data(&mut self, key: &Key, bp: &BlockPtr) {
         let c = self.0;
-        if bp.birth_txg > c.max_txg {
+        if !c.filter.wants(bp) {
             return;
         }
         let mut st = c.inner.lock();
@@ -676,14 +865,14 @@ fn collect(
     store: &ObjectStore,
     cursor: (u32, u64),
     budget: usize,
-    max_txg: u64,
+    filter: Filter,
 ) -> Result<Region, ObjectError> {
     let pool = store.pool();
     let c = Collector {
         blocks: store.blocks(),
         stop: &store.scanner.stop,
         cursor,
-        max_txg,
+        filter,
         budget,
         inner: Mutex::new(CollectState::default()),
     };
@@ -692,8 +881,11 @@ fn collect(
         let mut st = c.inner.lock();
         st.id = POOL_META_ID;
         for bp in pool.metadata_blocks()? {
-            // Committed and rewritten every txg: scrubbed whatever their birth.
-            c.push(&mut st, 0, &bp);
+            // Committed and rewritten every txg: scrubbed whatever their birth (resilvered
+            // when born in the range).
+            if bp.birth_txg >= c.filter.min_birth {
+                c.push(&mut st, 0, &bp);
+            }
         }
     }
     let snapshots = store.scanner.roots.lock().clone();

@@ -66,6 +66,9 @@ pub enum TopKind {
 pub struct LeafConfig {
     pub guid: u64,
     pub path: String,
+    /// Taken offline by the administrator (stays so across export and import).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub offline: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

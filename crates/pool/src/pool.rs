@@ -343,6 +343,7 @@ impl Pool {
                     .map(|path| LeafConfig {
                         guid: new_guid(),
                         path,
+                        offline: false,
                     })
                     .collect(),
             });
@@ -453,6 +454,12 @@ impl Pool {
                             );
                         } else {
                             leaf.attach(dev);
+                            if lc.offline {
+                                leaf.set_state(
+                                    VdevState::Offline,
+                                    Some("offlined by the administrator".into()),
+                                );
+                            }
                         }
                     }
                     leaf
@@ -491,6 +498,122 @@ impl Pool {
             closed: AtomicBool::new(false),
             import_notes: notes,
         })
+    }
+
+    /// A leaf by path (as `status` shows it) or guid, with its top-level vdev.
+    fn find_leaf(&self, name: &str) -> Result<(Arc<TopVdev>, Arc<Leaf>), PoolError> {
+        for (_, top) in &self.tops {
+            for leaf in &top.leaves {
+                let short = std::path::Path::new(&leaf.path)
+                    .file_name()
+                    .is_some_and(|f| f == name);
+                if leaf.path == name || short || leaf.guid.to_string() == name {
+                    return Ok((top.clone(), leaf.clone()));
+                }
+            }
+        }
+        Err(PoolError::InvalidArgument(format!(
+            "no such device in pool '{}': {name}",
+            self.name()
+        )))
+    }
+
+    /// Takes a device offline (`temporary`: only until the pool is exported). Refused when
+    /// its vdev would lose blocks.
+    pub fn offline(&self, name: &str, temporary: bool) -> Result<(), PoolError> {
+        let (top, leaf) = self.find_leaf(name)?;
+        if leaf.state() == VdevState::Offline {
+            return Ok(());
+        }
+        let lacking = top
+            .leaves
+            .iter()
+            .filter(|l| !l.is_usable() || l.is_resilvering())
+            .count();
+        if leaf.is_usable() && lacking + 1 > top.redundancy() {
+            return Err(PoolError::InvalidArgument(format!(
+                "cannot offline {name}: no valid replicas ({} {} can lose {} device(s), {lacking} already {})",
+                top.type_name(),
+                top.id,
+                top.redundancy(),
+                if lacking == 1 { "is missing or resilvering" } else { "are missing or resilvering" }
+            )));
+        }
+        leaf.set_state(
+            VdevState::Offline,
+            Some(if temporary {
+                "offlined by the administrator until export".into()
+            } else {
+                "offlined by the administrator".into()
+            }),
+        );
+        if !temporary {
+            self.set_leaf_offline(leaf.guid, true)?;
+        }
+        Ok(())
+    }
+
+    fn set_leaf_offline(&self, guid: u64, offline: bool) -> Result<(), PoolError> {
+        {
+            let mut cfg = self.config.lock();
+            for tc in &mut cfg.vdevs {
+                for lc in &mut tc.children {
+                    if lc.guid == guid {
+                        lc.offline = offline;
+                    }
+                }
+            }
+        }
+        self.write_config(PoolState::Active)
+    }
+
+    /// Brings an offline (or faulted) device back. Returns the txgs it missed, which a
+    /// resilver must rebuild (its newest uberblock tells how far it got).
+    pub fn online(&self, name: &str) -> Result<Option<(u64, u64)>, PoolError> {
+        let (_, leaf) = self.find_leaf(name)?;
+        self.bring_back(&leaf, name)
+    }
+
+    fn bring_back(&self, leaf: &Arc<Leaf>, name: &str) -> Result<Option<(u64, u64)>, PoolError> {
+        let state = leaf.state();
+        if state.usable() {
+            return Ok(None);
+        }
+        let Some(dev) = leaf.device() else {
+            return Err(PoolError::InvalidArgument(format!(
+                "cannot online {name}: the device is {} ({}); replace it",
+                state.name(),
+                leaf.reason().unwrap_or_default()
+            )));
+        };
+        let last = leaf_last_txg(dev.as_ref(), self.ashift(), self.config.lock().guid_sum());
+        // From now on the leaf takes every write; the open txg may already have been partly
+        // written without it, so it counts as missed.
+        let open = self.txg.open_txg();
+        leaf.set_state(VdevState::Online, None);
+        let missed = (last < open).then_some((last + 1, open));
+        leaf.set_dtl(missed);
+        self.set_leaf_offline(leaf.guid, false)?;
+        Ok(missed)
+    }
+
+    /// Clears the error counters (of one device or all) and brings faulted devices that
+    /// still have their device back, as `zpool clear` does; returns the txgs each missed.
+    pub fn clear(&self, name: Option<&str>) -> Result<Vec<MissedTxgs>, PoolError> {
+        let leaves: Vec<Arc<Leaf>> = match name {
+            Some(n) => vec![self.find_leaf(n)?.1],
+            None => self.leaves().cloned().collect(),
+        };
+        let mut missed = Vec::new();
+        for leaf in leaves {
+            leaf.stats.clear_errors();
+            if leaf.state() == VdevState::Faulted && leaf.device().is_some() {
+                if let Some(m) = self.bring_back(&leaf, &leaf.path.clone())? {
+                    missed.push((leaf.path.clone(), m));
+                }
+            }
+        }
+        Ok(missed)
     }
 
     fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
@@ -715,6 +838,27 @@ impl Pool {
         let newest = ubs.first().map(|u| u.txg).ok_or_else(|| {
             PoolError::Import(format!("cannot import '{name}': no valid uberblock found"))
         })?;
+        // Before anything is read: a device whose newest uberblock is older than the pool's
+        // previous one missed the txgs between (it was offline, faulted or gone); it lacks
+        // their blocks until a resilver, and reads of them do not touch it. A device that
+        // lacks only the newest uberblock is taken as current: a crash while uberblocks were
+        // being written leaves exactly that, and every block of that txg was flushed to every
+        // device before its first uberblock (if one did miss them, checksums still tell).
+        let mut missed_notes = Vec::new();
+        for leaf in pool.leaves() {
+            if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
+                let last = leaf_last_txg(dev.as_ref(), config.ashift, guid_sum);
+                if last + 1 < newest {
+                    leaf.set_dtl(Some((last + 1, newest)));
+                    missed_notes.push(format!(
+                        "device {} missed txgs {}..={}: it needs a resilver",
+                        leaf.path,
+                        last + 1,
+                        newest
+                    ));
+                }
+            }
+        }
         let mut chosen = None;
         let mut failures = Vec::new();
         for ub in ubs.iter().filter(|u| u.txg + DEFER_TXGS > newest) {
@@ -782,6 +926,7 @@ impl Pool {
                 fmt_time(ub.timestamp)
             ));
         }
+        pool.import_notes.extend(missed_notes);
         let open = newest + 1;
         pool.txg = TxgManager::new(open, tunables);
         pool.txg.inner.lock().synced = ub.txg;
@@ -1307,7 +1452,14 @@ impl Pool {
                 read_errors: s.read_errors,
                 write_errors: s.write_errors,
                 cksum_errors: s.cksum_errors,
-                note: l.reason(),
+                note: match (l.reason(), l.is_resilvering(), l.dtl()) {
+                    (Some(r), _, _) => Some(r),
+                    (None, true, Some((a, b))) => {
+                        Some(format!("(resilvering: lacks txgs {a}..={b})"))
+                    }
+                    (None, true, None) => Some("(resilvering: verifying)".into()),
+                    (None, false, _) => None,
+                },
                 children: Vec::new(),
                 stats: s,
                 path: Some(l.path.clone()),
@@ -1447,6 +1599,20 @@ pub struct RootBlockInfo {
     pub spacemap_head: Option<BlockPtr>,
     #[serde(skip)]
     pub history_head: Option<BlockPtr>,
+}
+
+/// A device and the txgs `[first, last]` it missed.
+pub type MissedTxgs = (String, (u64, u64));
+
+/// The newest txg whose uberblock a device holds (0 when none): it has every block of the
+/// txgs up to it, since blocks are flushed before the uberblock is written.
+fn leaf_last_txg(dev: &dyn tank_device::BlockDevice, ashift: u32, guid_sum: u64) -> u64 {
+    label::read_uberblocks(dev, ashift)
+        .into_iter()
+        .filter(|(_, ub)| ub.guid_sum == guid_sum && ub.version == FORMAT_VERSION)
+        .map(|(_, ub)| ub.txg)
+        .max()
+        .unwrap_or(0)
 }
 
 pub fn fmt_time(secs: u64) -> String {

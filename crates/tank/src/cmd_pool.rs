@@ -34,6 +34,43 @@ pub enum PoolCmd {
     Scrub(ScrubArgs),
     /// Show the pool's events: checksum and I/O errors, state changes, scrubs.
     Events(EventsArgs),
+    /// Take a device offline (-t: until the pool is exported).
+    Offline(OfflineArgs),
+    /// Bring an offline device back; it is resilvered with the txgs it missed.
+    Online(DeviceArgs),
+    /// Clear error counters (of one device or all) and bring faulted devices back.
+    Clear(ClearArgs),
+    /// Resilver the devices that lack txgs now (the daemon does it by itself).
+    Resilver(ResilverArgs),
+}
+
+#[derive(Args)]
+pub struct OfflineArgs {
+    /// Temporarily: the device comes back at the next import.
+    #[arg(short = 't')]
+    temporary: bool,
+    name: String,
+    device: String,
+}
+
+#[derive(Args)]
+pub struct DeviceArgs {
+    name: String,
+    device: String,
+}
+
+#[derive(Args)]
+pub struct ClearArgs {
+    name: String,
+    device: Option<String>,
+}
+
+#[derive(Args)]
+pub struct ResilverArgs {
+    /// Wait until done, showing progress (always so without the daemon).
+    #[arg(short = 'w')]
+    wait: bool,
+    name: String,
 }
 
 #[derive(Args, Clone)]
@@ -167,6 +204,10 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
         PoolCmd::History(a) => history(a),
         PoolCmd::Scrub(a) => scrub(a),
         PoolCmd::Events(a) => events(a),
+        PoolCmd::Offline(a) => offline(a),
+        PoolCmd::Online(a) => online(a),
+        PoolCmd::Clear(a) => clear(a),
+        PoolCmd::Resilver(a) => resilver(a),
     }
 }
 
@@ -370,6 +411,15 @@ pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
     match st.phase {
         ScanPhase::None => vec!["none requested".into()],
         ScanPhase::Canceled => vec![format!("scrub canceled on {}", when(st.end_time))],
+        ScanPhase::Finished if st.func == "resilver" => vec![format!(
+            "resilvered {} in {} with {} errors on {}; verified {}, {} rewritten by verification",
+            human(st.rebuilt_repaired),
+            hms(st.active_secs),
+            st.errors,
+            when(st.end_time),
+            human(st.verified),
+            human(st.verify_repaired)
+        )],
         ScanPhase::Finished => vec![format!(
             "scrub repaired {} in {} with {} errors on {}",
             human(st.repaired),
@@ -379,10 +429,25 @@ pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
         )],
         ScanPhase::Scanning => {
             let total = st.to_examine.max(st.issued).max(1);
-            let head = if st.paused {
+            let head = if st.func == "resilver" {
+                format!(
+                    "resilver in progress since {}{}",
+                    when(st.start_time),
+                    if st.verifying {
+                        format!(" (verifying pass {})", st.verify_passes)
+                    } else {
+                        String::new()
+                    }
+                )
+            } else if st.paused {
                 format!("scrub paused (started {})", when(st.start_time))
             } else {
                 format!("scrub in progress since {}", when(st.start_time))
+            };
+            let done_word = if st.func == "resilver" {
+                "resilvered"
+            } else {
+                "repaired"
             };
             let rate = if s.running {
                 format!(" at {}/s", human(s.rate as u64))
@@ -403,7 +468,7 @@ pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
                     human(total)
                 ),
                 format!(
-                    "{} repaired, {:.2}% done{eta}",
+                    "{} {done_word}, {:.2}% done{eta}",
                     human(st.repaired),
                     100.0 * st.issued as f64 / total as f64
                 ),
@@ -620,6 +685,105 @@ pub fn follow_events(a: &EventsArgs) -> Result<()> {
     }
 }
 
+/// Waits for the running scan in this process, with its progress every few seconds, then
+/// prints how it ended.
+fn wait_scan(store: &tank_object::ObjectStore) -> Result<()> {
+    let mut last = Instant::now();
+    while store.scan_status().running {
+        std::thread::sleep(Duration::from_millis(200));
+        if last.elapsed().as_secs() >= 5 {
+            last = Instant::now();
+            let lines = scan_lines(&store.scan_status());
+            errln!("{}", lines[1..].join(", "));
+        }
+    }
+    store.scan_wait();
+    store.sync()?;
+    outln!("{}", scan_lines(&store.scan_status()).join("\n"));
+    Ok(())
+}
+
+fn offline(a: OfflineArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let r = opened.pool.offline(&a.device, a.temporary);
+    let r = r.and_then(|()| {
+        opened.pool.log_history(&crate::command_line());
+        opened
+            .store
+            .sync()
+            .map_err(|e| tank_pool::PoolError::Corrupt(e.to_string()))
+    });
+    opened.close()?;
+    r?;
+    outln!(
+        "{} of pool '{}' is offline{}",
+        a.device,
+        a.name,
+        if a.temporary { " until export" } else { "" }
+    );
+    Ok(())
+}
+
+/// After devices came back: resilver what they missed, in the daemon or here.
+fn resilver_missed(opened: &crate::pools::Opened, wait: bool) -> Result<()> {
+    if !opened.store.resilver_start()? {
+        outln!("nothing to resilver: every device has every txg");
+        return Ok(());
+    }
+    if crate::pools::daemon_mode() && !wait {
+        outln!(
+            "resilver started; 'tank pool status {}' shows its progress",
+            opened.pool.name()
+        );
+        return Ok(());
+    }
+    wait_scan(&opened.store)
+}
+
+fn online(a: DeviceArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let result = (|| -> Result<()> {
+        let missed = opened.pool.online(&a.device)?;
+        opened.pool.log_history(&crate::command_line());
+        match missed {
+            Some((first, last)) => {
+                outln!("{} is online; it missed txgs {first}..={last}", a.device);
+                resilver_missed(&opened, false)
+            }
+            None => {
+                outln!("{} is online", a.device);
+                Ok(())
+            }
+        }
+    })();
+    opened.close()?;
+    result
+}
+
+fn clear(a: ClearArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let result = (|| -> Result<()> {
+        let back = opened.pool.clear(a.device.as_deref())?;
+        opened.pool.log_history(&crate::command_line());
+        for (dev, (first, last)) in &back {
+            outln!("{dev} is back online; it missed txgs {first}..={last}");
+        }
+        if !back.is_empty() {
+            resilver_missed(&opened, false)?;
+        }
+        Ok(())
+    })();
+    opened.close()?;
+    result
+}
+
+fn resilver(a: ResilverArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let result = resilver_missed(&opened, a.wait);
+    opened.close()?;
+    result
+}
+
 fn scrub(a: ScrubArgs) -> Result<()> {
     let opened = open_pool(&a.name)?;
     let store = opened.store.clone();
@@ -646,20 +810,7 @@ fn scrub(a: ScrubArgs) -> Result<()> {
             outln!("scrub of pool '{name}' started; 'tank pool status {name}' shows its progress");
             return Ok(());
         }
-        // In this process: wait, with the progress every few seconds.
-        let mut last = Instant::now();
-        while store.scan_status().running {
-            std::thread::sleep(Duration::from_millis(200));
-            if last.elapsed().as_secs() >= 5 {
-                last = Instant::now();
-                let lines = scan_lines(&store.scan_status());
-                errln!("{}", lines[1..].join(", "));
-            }
-        }
-        store.scan_wait();
-        store.sync()?;
-        outln!("{}", scan_lines(&store.scan_status()).join("\n"));
-        Ok(())
+        wait_scan(&store)
     })();
     opened.close()?;
     result

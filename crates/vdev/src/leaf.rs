@@ -14,6 +14,12 @@
 //! read as missing until it is repaired (the conservative rule that keeps invariant 7 honest).
 //! A device missing at import is UNAVAIL; one taken away at run time is REMOVED.
 //!
+//! # Missing txgs (ZFS's dirty time log)
+//! A leaf that was offline, faulted or missing while txgs committed lacks their blocks. Its
+//! `dtl` is that txg range: reads of blocks born in it treat the leaf as missing (no false
+//! CKSUM errors, no stale bytes), and a resilver rewrites them. After the rebuild the leaf
+//! stays `resilvering` until a verifying pass found everything in place.
+//!
 //! # Priority
 //! Reads come in two classes: normal (the users' reads and the pool's own) and scan (scrub
 //! and resilver). The reader threads always take a waiting normal read before a scan read,
@@ -201,6 +207,10 @@ pub struct Leaf {
     inner: Mutex<LeafInner>,
     /// Where errors and state changes are posted (the pool's log, once it is built).
     events: std::sync::OnceLock<Arc<crate::events::EventLog>>,
+    /// Txgs `[first, last]` whose blocks this leaf may lack (see the module documentation).
+    dtl: Mutex<Option<(u64, u64)>>,
+    /// Rebuilt by a resilver, not yet verified: not yet full redundancy.
+    resilvering: std::sync::atomic::AtomicBool,
     pub stats: LeafStats,
     /// Usable bytes of the data area as recorded in the pool config (the pool's smallest member).
     pub asize: u64,
@@ -234,6 +244,8 @@ impl Leaf {
             stats: LeafStats::default(),
             asize,
             events: std::sync::OnceLock::new(),
+            dtl: Mutex::new(None),
+            resilvering: std::sync::atomic::AtomicBool::new(false),
         });
         if let Some(dev) = dev {
             leaf.attach(dev);
@@ -297,6 +309,55 @@ impl Leaf {
 
     pub fn is_usable(&self) -> bool {
         self.state().usable()
+    }
+
+    /// The txgs this leaf may lack, if any.
+    pub fn dtl(&self) -> Option<(u64, u64)> {
+        *self.dtl.lock()
+    }
+
+    /// Records that the leaf may lack the blocks of txgs `[first, last]` (merged with what
+    /// it lacked already); `None` clears it.
+    pub fn set_dtl(&self, range: Option<(u64, u64)>) {
+        let mut dtl = self.dtl.lock();
+        *dtl = match (*dtl, range) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (_, r) => r,
+        };
+        if dtl.is_some() {
+            self.resilvering.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the leaf may lack a block born in `birth`.
+    pub fn is_stale(&self, birth: u64) -> bool {
+        self.dtl
+            .lock()
+            .is_some_and(|(first, last)| birth >= first && birth <= last)
+    }
+
+    /// Whether the leaf lacks redundancy it should have: missing txgs, or rebuilt and not
+    /// yet verified.
+    pub fn is_resilvering(&self) -> bool {
+        self.resilvering.load(Ordering::Acquire)
+    }
+
+    /// The rebuild is done: the leaf no longer lacks txgs, but stays resilvering until a
+    /// verifying pass found its blocks in place.
+    pub fn rebuilt(&self) {
+        *self.dtl.lock() = None;
+        self.resilvering.store(true, Ordering::Release);
+    }
+
+    /// Marks the rebuild verified (or abandoned): the leaf is whole again.
+    pub fn set_resilvered(&self) {
+        *self.dtl.lock() = None;
+        self.resilvering.store(false, Ordering::Release);
+    }
+
+    /// Whether a block born in `birth` can be read from this leaf.
+    pub fn readable_for(&self, birth: u64) -> bool {
+        self.is_usable() && !self.is_stale(birth)
     }
 
     /// Sets the log errors and state changes are posted to (once).

@@ -189,15 +189,16 @@ impl TopVdev {
         self.unusable() <= self.redundancy()
     }
 
-    /// ONLINE with full redundancy, DEGRADED with less, UNAVAIL when blocks cannot be read.
+    /// ONLINE with full redundancy, DEGRADED with less (a leaf missing, or one that lacks
+    /// txgs or is being resilvered), UNAVAIL when blocks cannot be read.
     pub fn state(&self) -> VdevState {
         let bad = self.unusable();
-        if bad == 0 {
-            VdevState::Online
-        } else if bad <= self.redundancy() {
+        if bad > self.redundancy() {
+            VdevState::Unavail
+        } else if bad > 0 || self.leaves.iter().any(|l| l.is_resilvering()) {
             VdevState::Degraded
         } else {
-            VdevState::Unavail
+            VdevState::Online
         }
     }
 
@@ -236,17 +237,19 @@ impl TopVdev {
         Ok(())
     }
 
-    /// Reads a block of `len` bytes (whole sectors) and heals what is bad; see the module docs.
+    /// Reads a block of `len` bytes (whole sectors) born in txg `birth`, and heals what is
+    /// bad; see the module docs. Leaves that lack that txg are not read.
     pub fn read(
         &self,
         offset: u64,
         len: u64,
+        birth: u64,
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<(Vec<u8>, ReadReport), VdevError> {
         self.check_range(offset, self.asize(len))?;
         match &self.layout {
-            Layout::Disk | Layout::Mirror => self.read_mirror(offset, len, verify),
-            Layout::Raidz(g) => self.read_raidz(g, offset, len, verify),
+            Layout::Disk | Layout::Mirror => self.read_mirror(offset, len, birth, verify),
+            Layout::Raidz(g) => self.read_raidz(g, offset, len, birth, verify),
         }
     }
 
@@ -254,6 +257,7 @@ impl TopVdev {
         &self,
         offset: u64,
         len: u64,
+        birth: u64,
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<(Vec<u8>, ReadReport), VdevError> {
         let n = self.leaves.len();
@@ -264,7 +268,7 @@ impl TopVdev {
         for i in 0..n {
             let idx = (start + i) % n;
             let leaf = &self.leaves[idx];
-            if !leaf.is_usable() {
+            if !leaf.readable_for(birth) {
                 continue;
             }
             match leaf.read(offset, len as usize) {
@@ -347,11 +351,31 @@ impl TopVdev {
         (repaired, bytes)
     }
 
+    /// Queues the read of a column, or answers `None` at once for a leaf that cannot hold it.
+    fn read_col(
+        &self,
+        c: &crate::raidz::RaidzCol,
+        birth: u64,
+        class: IoClass,
+    ) -> crossbeam_channel::Receiver<Result<Vec<u8>, tank_device::DeviceError>> {
+        let leaf = &self.leaves[c.child];
+        if leaf.is_usable() && leaf.is_stale(birth) {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let _ = tx.send(Err(tank_device::DeviceError::Invalid {
+                dev: leaf.path.clone(),
+                what: "lacks the txg of this block (resilvering)".into(),
+            }));
+            return rx;
+        }
+        leaf.read_async_class(c.offset, c.size as usize, class)
+    }
+
     fn read_raidz(
         &self,
         g: &RaidzGeometry,
         offset: u64,
         len: u64,
+        birth: u64,
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<(Vec<u8>, ReadReport), VdevError> {
         let map = g.map(offset, len);
@@ -363,12 +387,7 @@ impl TopVdev {
             .iter()
             .enumerate()
             .skip(parity)
-            .map(|(i, c)| {
-                (
-                    i,
-                    self.leaves[c.child].read_async(c.offset, c.size as usize),
-                )
-            })
+            .map(|(i, c)| (i, self.read_col(c, birth, IoClass::Normal)))
             .collect();
         for (i, rx) in pending {
             cols[i] = rx.recv().ok().and_then(Result::ok);
@@ -388,12 +407,7 @@ impl TopVdev {
             .iter()
             .enumerate()
             .take(parity)
-            .map(|(i, c)| {
-                (
-                    i,
-                    self.leaves[c.child].read_async(c.offset, c.size as usize),
-                )
-            })
+            .map(|(i, c)| (i, self.read_col(c, birth, IoClass::Normal)))
             .collect();
         for (i, rx) in pending {
             cols[i] = rx.recv().ok().and_then(Result::ok);
@@ -448,20 +462,24 @@ impl TopVdev {
         &self,
         offset: u64,
         len: u64,
+        birth: u64,
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ScrubRead, VdevError> {
         self.check_range(offset, self.asize(len))?;
         match &self.layout {
             Layout::Disk | Layout::Mirror => {
+                // Sides that lack the block's txg are not read, only rewritten.
+                let mut bad: Vec<usize> = (0..self.leaves.len())
+                    .filter(|&i| self.leaves[i].is_usable() && self.leaves[i].is_stale(birth))
+                    .collect();
                 let pending: Vec<_> = self
                     .leaves
                     .iter()
                     .enumerate()
-                    .filter(|(_, l)| l.is_usable())
+                    .filter(|(_, l)| l.readable_for(birth))
                     .map(|(i, l)| (i, l.read_async_class(offset, len as usize, IoClass::Scan)))
                     .collect();
                 let mut good = None;
-                let mut bad = Vec::new();
                 let mut read_bytes = 0;
                 for (i, rx) in pending {
                     match rx.recv().ok().and_then(Result::ok) {
@@ -498,13 +516,7 @@ impl TopVdev {
                 let pending: Vec<_> = map
                     .cols
                     .iter()
-                    .map(|c| {
-                        self.leaves[c.child].read_async_class(
-                            c.offset,
-                            c.size as usize,
-                            IoClass::Scan,
-                        )
-                    })
+                    .map(|c| self.read_col(c, birth, IoClass::Scan))
                     .collect();
                 let cols: Vec<Option<Vec<u8>>> = pending
                     .into_iter()
@@ -525,7 +537,7 @@ impl TopVdev {
 
     /// Starts the fast path of a read (RAID-Z: the data columns; mirror: one side) without
     /// waiting; [`TopVdev::finish_read`] completes it. Lets a caller keep many blocks in flight.
-    pub fn submit_read(&self, offset: u64, len: u64) -> Option<PendingRead> {
+    pub fn submit_read(&self, offset: u64, len: u64, birth: u64) -> Option<PendingRead> {
         self.check_range(offset, self.asize(len)).ok()?;
         match &self.layout {
             Layout::Disk | Layout::Mirror => {
@@ -533,7 +545,7 @@ impl TopVdev {
                 let start = ((offset >> 20) as usize) % n;
                 let leaf = (0..n)
                     .map(|i| &self.leaves[(start + i) % n])
-                    .find(|l| l.is_usable())?;
+                    .find(|l| l.readable_for(birth))?;
                 Some(PendingRead {
                     parts: vec![leaf.read_async(offset, len as usize)],
                     len,
@@ -542,16 +554,14 @@ impl TopVdev {
             }
             Layout::Raidz(g) => {
                 let map = g.map(offset, len);
-                let read = |c: &crate::raidz::RaidzCol| {
-                    self.leaves[c.child].read_async(c.offset, c.size as usize)
-                };
+                let read = |c: &crate::raidz::RaidzCol| self.read_col(c, birth, IoClass::Normal);
                 // A data column on a missing device: read the parity at once too, so a
                 // degraded stream keeps many blocks in flight instead of rebuilding one at a
                 // time in the slow path.
                 if map
                     .data_cols()
                     .iter()
-                    .any(|c| !self.leaves[c.child].is_usable())
+                    .any(|c| !self.leaves[c.child].readable_for(birth))
                 {
                     return Some(PendingRead {
                         parts: map.cols.iter().map(read).collect(),

@@ -1,0 +1,181 @@
+//! Resilver: a device that was offline or missing gets exactly the txgs it missed (its dirty
+//! time log, from its own uberblocks), the pool is ONLINE again only after a verifying pass,
+//! and a resilver cut off by a crash resumes; the refusals of `offline` and `online`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tank_device::{CrashMode, SimFleet};
+use tank_object::{ObjectStore, ScanPhase, ScanStatus};
+
+const DEV: u64 = 64 << 20;
+
+fn wait_resilver(store: &ObjectStore) -> ScanStatus {
+    store.scan_wait();
+    store.sync().unwrap();
+    let st = store.scan_status();
+    assert_eq!(st.state.func, "resilver", "{st:?}");
+    assert_eq!(st.state.phase, ScanPhase::Finished, "{st:?}");
+    st
+}
+
+/// Reads everything with `gone` devices pulled: only whole redundancy on the rest allows it.
+fn verify_without(devs: &[tank_device::SimDevice], gone: &[usize], model: &Model) {
+    for &g in gone {
+        devs[g].set_gone(true);
+    }
+    let (pool, store) = reimport(devs);
+    verify(&store, model).unwrap_or_else(|e| panic!("without {gone:?}: {e}"));
+    drop(store);
+    pool.export().unwrap();
+    for &g in gone {
+        devs[g].set_gone(false);
+    }
+}
+
+#[test]
+fn offline_device_gets_only_the_txgs_it_missed_and_is_verified() {
+    let fleet = SimFleet::new(31);
+    let (devs, pool, store) = sim_pool(&fleet, "raidz2", 6, DEV);
+    let mut model = populate(&store, 3, 40);
+    // Offlining beyond the redundancy is refused.
+    pool.offline("d1", false).unwrap();
+    pool.offline("d2", true).unwrap();
+    let err = pool.offline("d3", false).unwrap_err().to_string();
+    assert!(err.contains("no valid replicas"), "{err}");
+    assert!(pool.offline("nosuch", false).is_err());
+    assert_eq!(pool.state(), "DEGRADED");
+    // Writes while two devices are away.
+    let mut r = rng(8);
+    for _ in 0..30 {
+        random_step(&store, &mut model, &mut r, 200_000).unwrap();
+    }
+    store.sync().unwrap();
+    let before = pool.space().allocated;
+    // Back online: each lacks exactly the txgs since it left.
+    let missed = pool.online("d1").unwrap().expect("d1 missed txgs");
+    assert!(missed.0 > 1 && missed.1 >= missed.0, "{missed:?}");
+    assert_eq!(pool.state(), "DEGRADED", "not ONLINE before the resilver");
+    assert!(store.resilver_start().unwrap());
+    let st = wait_resilver(&store);
+    assert_eq!(st.state.errors, 0);
+    assert!(st.state.rebuilt_repaired > 0, "{st:?}");
+    assert_eq!(st.state.verify_repaired, 0, "{st:?}");
+    assert!(st.state.verified > 0);
+    // Only what was written while it was away, not the whole device.
+    assert!(
+        st.state.rebuilt_repaired < before / 6,
+        "rebuilt {} of {} allocated",
+        st.state.rebuilt_repaired,
+        before
+    );
+    pool.online("d2").unwrap().expect("d2 missed txgs");
+    assert!(store.resilver_start().unwrap());
+    wait_resilver(&store);
+    assert_eq!(pool.state(), "ONLINE");
+    // No CKSUM errors were counted for the stale columns.
+    assert!(
+        cksum_errors(&pool).iter().all(|&c| c == 0),
+        "{:?}",
+        cksum_errors(&pool)
+    );
+    assert!(!store.resilver_start().unwrap(), "nothing left to resilver");
+    drop(store);
+    pool.export().unwrap();
+    // The rebuilt devices carry the data: read it with two others gone.
+    verify_without(&devs, &[0, 3], &model);
+}
+
+#[test]
+fn device_missing_at_import_is_resilvered_when_it_returns() {
+    let fleet = SimFleet::new(32);
+    let (devs, pool, store) = sim_pool(&fleet, "raidz2", 5, DEV);
+    let mut model = populate(&store, 4, 30);
+    drop(store);
+    pool.export().unwrap();
+    devs[2].set_gone(true);
+    let (pool, store) = reimport(&devs);
+    assert_eq!(pool.state(), "DEGRADED");
+    let mut r = rng(9);
+    for _ in 0..3 {
+        for _ in 0..10 {
+            random_step(&store, &mut model, &mut r, 200_000).unwrap();
+        }
+        store.sync().unwrap();
+    }
+    drop(store);
+    pool.export().unwrap();
+    devs[2].set_gone(false);
+    let (pool, store) = reimport(&devs);
+    assert!(
+        pool.import_notes
+            .iter()
+            .any(|n| n.contains("needs a resilver")),
+        "{:?}",
+        pool.import_notes
+    );
+    assert_eq!(pool.state(), "DEGRADED");
+    // Reads of what it lacks do not touch it: no false CKSUM errors.
+    verify(&store, &model).unwrap();
+    assert_eq!(cksum_errors(&pool)[2], 0);
+    store.scan_resume();
+    let st = wait_resilver(&store);
+    assert_eq!((st.state.errors, st.state.verify_repaired), (0, 0));
+    assert_eq!(pool.state(), "ONLINE");
+    drop(store);
+    pool.export().unwrap();
+    verify_without(&devs, &[0, 4], &model);
+}
+
+#[test]
+fn resilver_cut_off_by_a_crash_resumes_where_it_was() {
+    let fleet = SimFleet::new(33);
+    let (_devs, pool, store) = sim_pool(&fleet, "raidz2", 6, DEV);
+    let mut model = populate(&store, 5, 20);
+    pool.offline("d4", false).unwrap();
+    let mut r = rng(10);
+    for _ in 0..60 {
+        random_step(&store, &mut model, &mut r, 200_000).unwrap();
+    }
+    store.sync().unwrap();
+    pool.online("d4").unwrap().expect("missed txgs");
+    store.set_scan_region_budget(1);
+    assert!(store.resilver_start().unwrap());
+    let t = Instant::now();
+    loop {
+        store.sync().unwrap();
+        let st = store.scan_status();
+        assert_eq!(st.state.phase, ScanPhase::Scanning, "finished too soon");
+        if st.state.cursor > (0, 0) && !st.state.verifying {
+            store.sync().unwrap();
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60));
+    }
+    let images = fleet.crash_images(CrashMode::DropUnflushed);
+    store.scan_suspend();
+    drop(store);
+    drop(pool);
+    let (pool, store) = import_images(images, false).unwrap();
+    let st = store.scan_status();
+    assert_eq!(
+        (st.state.func.as_str(), st.state.phase),
+        ("resilver", ScanPhase::Scanning)
+    );
+    assert!(st.state.cursor > (0, 0), "{st:?}");
+    assert_eq!(
+        pool.state(),
+        "DEGRADED",
+        "still resilvering after the crash"
+    );
+    // Its uberblocks are current, but the resilver's own record says what it lacks.
+    let leaf = &pool.leaf_list()[4].1;
+    assert!(leaf.is_resilvering() && leaf.dtl().is_some());
+    store.scan_resume();
+    let done = wait_resilver(&store);
+    assert_eq!((done.state.errors, done.state.verify_repaired), (0, 0));
+    assert_eq!(pool.state(), "ONLINE");
+    verify(&store, &model).unwrap();
+}
