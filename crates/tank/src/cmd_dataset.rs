@@ -120,7 +120,7 @@ pub struct RenameArgs {
 
 #[derive(Args)]
 pub struct DestroyArgs {
-    /// Also destroy children and snapshots.
+    /// Also destroy children and snapshots (for NAME@SNAP: that snapshot of every descendant).
     #[arg(short = 'r')]
     recursive: bool,
     /// Also destroy clones of the snapshots destroyed (and implies -r).

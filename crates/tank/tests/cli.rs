@@ -626,3 +626,40 @@ fn scrub_repairs_reports_permanent_errors_and_refuses_bad_requests() {
     let status = env.ok(&["pool", "status", "sp"]);
     assert!(status.contains("errors: No known data errors"), "{status}");
 }
+
+#[test]
+fn offline_online_and_clear_resilver_what_was_missed() {
+    let env = Env::new();
+    let names = devs("o", 5);
+    let mut args = vec!["pool", "create", "--size", "128M", "op", "raidz2"];
+    args.extend(names.iter().map(String::as_str));
+    env.ok(&args);
+    let blob: Vec<u8> = (0..8u32 << 20).map(|i| (i >> 7) as u8 ^ 0x3c).collect();
+    std::fs::write(env.path("blob"), &blob).unwrap();
+    env.ok(&["debug", "object", "write", "op", "blob"]);
+    let out = env.ok(&["pool", "offline", "op", "o1"]);
+    assert!(out.contains("offline"), "{out}");
+    env.ok(&["pool", "offline", "op", "o2"]);
+    env.fails(&["pool", "offline", "op", "o3"], "no valid replicas");
+    env.fails(&["pool", "offline", "op", "nosuch"], "no such device");
+    // Offline stays offline across commands (it is in the pool's configuration).
+    let status = env.ok(&["pool", "status", "op"]);
+    assert!(status.contains("DEGRADED"), "{status}");
+    assert!(status.contains("offlined by the administrator"), "{status}");
+    env.ok(&["debug", "object", "write", "op", "blob"]);
+    let out = env.ok(&["pool", "online", "op", "o1"]);
+    assert!(out.contains("missed txgs"), "{out}");
+    assert!(out.contains("resilvered"), "{out}");
+    assert!(out.contains("0 rewritten by verification"), "{out}");
+    env.ok(&["pool", "online", "op", "o2"]);
+    let status = env.ok(&["pool", "status", "op"]);
+    assert!(status.contains("state: ONLINE"), "{status}");
+    assert!(status.contains("scan: resilvered"), "{status}");
+    let out = env.ok(&["pool", "clear", "op"]);
+    assert!(!out.contains("missed"), "{out}");
+    let back = env.run(&["debug", "object", "read", "op", "2"]);
+    assert!(back.status.success());
+    assert!(back.stdout == blob, "object 2 reads back different");
+    let hist = env.ok(&["pool", "history", "op"]);
+    assert!(hist.contains("resilver done"), "{hist}");
+}
