@@ -246,7 +246,7 @@ impl Scanner {
         let st = self.state.lock().clone();
         if st.func == "resilver" && st.phase == ScanPhase::Scanning {
             for (_, leaf) in store.pool().leaf_list() {
-                if let Some(&(_, first, last)) = st.leaves.iter().find(|l| l.0 == leaf.guid) {
+                if let Some(&(_, first, last)) = st.leaves.iter().find(|l| l.0 == leaf.guid()) {
                     if st.verifying {
                         leaf.rebuilt();
                     } else {
@@ -482,7 +482,7 @@ impl ObjectStore {
         self.pool()
             .leaf_list()
             .into_iter()
-            .filter_map(|(top, leaf)| leaf.dtl().map(|(a, b)| (leaf.guid, a, b, top)))
+            .filter_map(|(top, leaf)| leaf.dtl().map(|(a, b)| (leaf.guid(), a, b, top)))
             .collect()
     }
 
@@ -526,7 +526,7 @@ impl ObjectStore {
             .leaf_list()
             .iter()
             .filter(|(_, l)| l.dtl().is_some())
-            .map(|(_, l)| l.path.clone())
+            .map(|(_, l)| l.path())
             .collect();
         self.pool().events.post(
             "sysevent.fs.zfs.resilver_start",
@@ -657,7 +657,7 @@ fn next_verify_pass(store: &ObjectStore, st: &mut ScanState) -> bool {
         st.verifying = true;
         // The rebuilt leaves are read like any other from now on.
         for (_, leaf) in store.pool().leaf_list() {
-            if st.leaves.iter().any(|l| l.0 == leaf.guid) {
+            if st.leaves.iter().any(|l| l.0 == leaf.guid()) {
                 leaf.rebuilt();
             }
         }
@@ -674,7 +674,7 @@ fn next_verify_pass(store: &ObjectStore, st: &mut ScanState) -> bool {
 fn finish_resilver(store: &ObjectStore, st: &ScanState) {
     let whole = st.verify_repaired == 0 && st.errors == 0;
     for (_, leaf) in store.pool().leaf_list() {
-        if whole && st.leaves.iter().any(|l| l.0 == leaf.guid) {
+        if whole && st.leaves.iter().any(|l| l.0 == leaf.guid()) {
             leaf.set_resilvered();
         }
     }

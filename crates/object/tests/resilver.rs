@@ -179,3 +179,62 @@ fn resilver_cut_off_by_a_crash_resumes_where_it_was() {
     assert_eq!(pool.state(), "ONLINE");
     verify(&store, &model).unwrap();
 }
+
+#[test]
+fn replaced_device_is_rebuilt_while_a_writer_runs() {
+    let fleet = SimFleet::new(34);
+    let (mut devs, pool, store) = sim_pool(&fleet, "raidz2", 5, DEV);
+    let mut model = populate(&store, 6, 40);
+    drop(store);
+    pool.export().unwrap();
+    devs[1].set_gone(true);
+    let (pool, store) = reimport(&devs);
+    assert_eq!(pool.state(), "DEGRADED");
+    // Bad replacements are refused with the reason.
+    let small = fleet.device("small", DEV / 2);
+    let err = pool
+        .replace("d1", "small", std::sync::Arc::new(small), false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("too small"), "{err}");
+    let member = devs[3].clone();
+    let err = pool
+        .replace("d1", "d3", std::sync::Arc::new(member), false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("already a device of this pool"), "{err}");
+    // The missing device replaced by a new one, rebuilt while writes go on.
+    let new = fleet.device("n1", DEV);
+    let (first, last) = pool
+        .replace("d1", "n1", std::sync::Arc::new(new.clone()), false)
+        .unwrap();
+    assert_eq!(first, 1);
+    assert!(last >= 1);
+    assert_eq!(pool.state(), "DEGRADED");
+    store.set_scan_region_budget(4);
+    assert!(store.resilver_start().unwrap());
+    let mut r = rng(11);
+    let mut steps = 0;
+    while store.scan_status().running || steps < 20 {
+        random_step(&store, &mut model, &mut r, 150_000).unwrap();
+        steps += 1;
+        if steps % 4 == 0 {
+            store.sync().unwrap();
+        }
+        assert!(steps < 100_000);
+    }
+    let st = wait_resilver(&store);
+    assert_eq!(
+        (st.state.errors, st.state.verify_repaired),
+        (0, 0),
+        "{st:?}"
+    );
+    assert!(st.state.rebuilt_repaired > 0);
+    assert_eq!(pool.state(), "ONLINE");
+    verify(&store, &model).unwrap();
+    drop(store);
+    pool.export().unwrap();
+    // The new device replaces the old one for good: with it and without two others.
+    devs[1] = new;
+    verify_without(&devs, &[0, 4], &model);
+}

@@ -69,7 +69,8 @@ fn scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing() {
             let n = events
                 .iter()
                 .filter(|e| {
-                    e.class == "ereport.fs.zfs.checksum" && e.vdev.as_deref() == Some(&leaf.path)
+                    e.class == "ereport.fs.zfs.checksum"
+                        && e.vdev.as_deref() == Some(leaf.path().as_str())
                 })
                 .count() as u64;
             assert_eq!(n, errs[i], "{layout}: checksum events of child {i}");

@@ -476,7 +476,7 @@ impl Pool {
                 if !leaf.is_usable() {
                     events.post(
                         "resource.fs.zfs.statechange",
-                        Some(&leaf.path),
+                        Some(&leaf.path()),
                         format!(
                             "to={} reason=\"{}\"",
                             leaf.state().name(),
@@ -504,10 +504,10 @@ impl Pool {
     fn find_leaf(&self, name: &str) -> Result<(Arc<TopVdev>, Arc<Leaf>), PoolError> {
         for (_, top) in &self.tops {
             for leaf in &top.leaves {
-                let short = std::path::Path::new(&leaf.path)
+                let short = std::path::Path::new(&leaf.path())
                     .file_name()
                     .is_some_and(|f| f == name);
-                if leaf.path == name || short || leaf.guid.to_string() == name {
+                if leaf.path() == name || short || leaf.guid().to_string() == name {
                     return Ok((top.clone(), leaf.clone()));
                 }
             }
@@ -548,7 +548,7 @@ impl Pool {
             }),
         );
         if !temporary {
-            self.set_leaf_offline(leaf.guid, true)?;
+            self.set_leaf_offline(leaf.guid(), true)?;
         }
         Ok(())
     }
@@ -586,15 +586,106 @@ impl Pool {
                 leaf.reason().unwrap_or_default()
             )));
         };
-        let last = leaf_last_txg(dev.as_ref(), self.ashift(), self.config.lock().guid_sum());
+        let last = leaf_last_txg(
+            dev.as_ref(),
+            self.ashift(),
+            &[self.config.lock().guid_sum()],
+        );
         // From now on the leaf takes every write; the open txg may already have been partly
         // written without it, so it counts as missed.
         let open = self.txg.open_txg();
         leaf.set_state(VdevState::Online, None);
         let missed = (last < open).then_some((last + 1, open));
         leaf.set_dtl(missed);
-        self.set_leaf_offline(leaf.guid, false)?;
+        self.set_leaf_offline(leaf.guid(), false)?;
         Ok(missed)
+    }
+
+    /// Replaces device `old` by `dev` (at `new_path`, which may be `old`'s own path when the
+    /// disk was swapped in place). The new device lacks every txg: the caller starts a
+    /// resilver. Refused for a device too small, one that belongs to a pool, or when the
+    /// vdev would be left without a copy of some block while the new device is rebuilt.
+    pub fn replace(
+        &self,
+        old: &str,
+        new_path: &str,
+        dev: DeviceRef,
+        force: bool,
+    ) -> Result<(u64, u64), PoolError> {
+        let (top, leaf) = self.find_leaf(old)?;
+        let refuse = |why: String| {
+            Err(PoolError::InvalidArgument(format!(
+                "cannot replace {old} with {new_path}: {why}"
+            )))
+        };
+        let asize = self.config.lock().leaf_asize;
+        if usable_size(dev.size()) < asize {
+            return refuse(format!(
+                "the device is too small ({} bytes of data area, the pool's devices have {asize})",
+                usable_size(dev.size())
+            ));
+        }
+        if self
+            .leaves()
+            .any(|l| l.path() == new_path && !Arc::ptr_eq(l, &leaf))
+        {
+            return refuse("it is already a device of this pool".into());
+        }
+        if let Some(label) = label::best_label(dev.as_ref()) {
+            let mine = label.pool_guid == self.guid();
+            if mine && label.leaf_guid == leaf.guid() && leaf.is_usable() {
+                return refuse("it is the same device; use 'online' or 'clear'".into());
+            }
+            if !mine && label.config.state != PoolState::Destroyed && !force {
+                return refuse(format!(
+                    "it belongs to pool '{}' ({}); use -f to overwrite it",
+                    label.config.name,
+                    label.config.state.name()
+                ));
+            }
+        }
+        let lacking = top
+            .leaves
+            .iter()
+            .filter(|l| (!l.is_usable() || l.is_resilvering()) && !Arc::ptr_eq(l, &leaf))
+            .count();
+        if lacking + 1 > top.redundancy() && leaf.is_usable() && !leaf.is_resilvering() {
+            return refuse(format!(
+                "{} {} would have no copy of some blocks while the new device is rebuilt ({lacking} other device(s) missing or resilvering); replace a failed device first",
+                top.type_name(),
+                top.id
+            ));
+        }
+        if lacking + 1 > top.redundancy() + 1 {
+            return refuse(format!(
+                "{} {} has lost more devices than it can rebuild from",
+                top.type_name(),
+                top.id
+            ));
+        }
+        let guid = new_guid();
+        let old_guid = leaf.guid();
+        let open = self.txg.open_txg();
+        leaf.replace_device(guid, new_path.to_string(), dev, open);
+        {
+            let mut cfg = self.config.lock();
+            for tc in &mut cfg.vdevs {
+                for lc in &mut tc.children {
+                    if lc.guid == old_guid {
+                        lc.guid = guid;
+                        lc.path = new_path.to_string();
+                        lc.offline = false;
+                    }
+                }
+            }
+        }
+        self.write_config(PoolState::Active)?;
+        self.events.post(
+            "resource.fs.zfs.statechange",
+            Some(new_path),
+            format!("replaced={old} to=ONLINE reason=\"lacks every txg until resilvered\""),
+        );
+        Ok((1, open))
     }
 
     /// Clears the error counters (of one device or all) and brings faulted devices that
@@ -608,8 +699,8 @@ impl Pool {
         for leaf in leaves {
             leaf.stats.clear_errors();
             if leaf.state() == VdevState::Faulted && leaf.device().is_some() {
-                if let Some(m) = self.bring_back(&leaf, &leaf.path.clone())? {
-                    missed.push((leaf.path.clone(), m));
+                if let Some(m) = self.bring_back(&leaf, &leaf.path())? {
+                    missed.push((leaf.path(), m));
                 }
             }
         }
@@ -623,7 +714,7 @@ impl Pool {
     fn top_guid_of(&self, leaf: &Leaf) -> u64 {
         self.tops
             .iter()
-            .find(|(_, t)| t.leaves.iter().any(|l| l.guid == leaf.guid))
+            .find(|(_, t)| t.leaves.iter().any(|l| l.guid() == leaf.guid()))
             .map(|(_, t)| t.guid)
             .unwrap_or(0)
     }
@@ -644,7 +735,7 @@ impl Pool {
                     let r = label::write_labels(
                         dev.as_ref(),
                         &cfg,
-                        leaf.guid,
+                        leaf.guid(),
                         self.top_guid_of(leaf),
                         &half,
                     )
@@ -811,7 +902,7 @@ impl Pool {
                     .leaves
                     .iter()
                     .filter(|l| !l.is_usable())
-                    .map(|l| format!("{} ({})", l.path, l.reason().unwrap_or_default()))
+                    .map(|l| format!("{} ({})", l.path(), l.reason().unwrap_or_default()))
                     .collect();
                 return Err(PoolError::Import(format!(
                     "cannot import '{name}': {} vdev {} has too many unavailable devices: {}",
@@ -822,12 +913,18 @@ impl Pool {
             }
         }
         // Uberblocks from every usable leaf.
-        let guid_sum = config.guid_sum();
+        // Uberblocks carry the guid sum of the configuration they were written with; the
+        // labels may hold a newer one (a replaced device) not yet in any uberblock.
+        let guid_sums: Vec<u64> = mine
+            .iter()
+            .map(|(l, _)| l.config.guid_sum())
+            .chain([config.guid_sum()])
+            .collect();
         let mut ubs: Vec<Uberblock> = Vec::new();
         for leaf in pool.leaves() {
             if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
                 for (_, ub) in label::read_uberblocks(dev.as_ref(), config.ashift) {
-                    if ub.guid_sum == guid_sum && ub.version == FORMAT_VERSION {
+                    if guid_sums.contains(&ub.guid_sum) && ub.version == FORMAT_VERSION {
                         ubs.push(ub);
                     }
                 }
@@ -847,12 +944,12 @@ impl Pool {
         let mut missed_notes = Vec::new();
         for leaf in pool.leaves() {
             if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
-                let last = leaf_last_txg(dev.as_ref(), config.ashift, guid_sum);
+                let last = leaf_last_txg(dev.as_ref(), config.ashift, &guid_sums);
                 if last + 1 < newest {
                     leaf.set_dtl(Some((last + 1, newest)));
                     missed_notes.push(format!(
                         "device {} missed txgs {}..={}: it needs a resilver",
-                        leaf.path,
+                        leaf.path(),
                         last + 1,
                         newest
                     ));
@@ -1447,7 +1544,7 @@ impl Pool {
         let leaf_status = |l: &Arc<Leaf>| {
             let s = l.stats.snapshot();
             VdevStatus {
-                name: l.path.clone(),
+                name: l.path(),
                 state: l.state().name().into(),
                 read_errors: s.read_errors,
                 write_errors: s.write_errors,
@@ -1462,7 +1559,7 @@ impl Pool {
                 },
                 children: Vec::new(),
                 stats: s,
-                path: Some(l.path.clone()),
+                path: Some(l.path()),
             }
         };
         let top_status = |t: &Arc<TopVdev>| {
@@ -1606,10 +1703,10 @@ pub type MissedTxgs = (String, (u64, u64));
 
 /// The newest txg whose uberblock a device holds (0 when none): it has every block of the
 /// txgs up to it, since blocks are flushed before the uberblock is written.
-fn leaf_last_txg(dev: &dyn tank_device::BlockDevice, ashift: u32, guid_sum: u64) -> u64 {
+fn leaf_last_txg(dev: &dyn tank_device::BlockDevice, ashift: u32, guid_sums: &[u64]) -> u64 {
     label::read_uberblocks(dev, ashift)
         .into_iter()
-        .filter(|(_, ub)| ub.guid_sum == guid_sum && ub.version == FORMAT_VERSION)
+        .filter(|(_, ub)| guid_sums.contains(&ub.guid_sum) && ub.version == FORMAT_VERSION)
         .map(|(_, ub)| ub.txg)
         .max()
         .unwrap_or(0)

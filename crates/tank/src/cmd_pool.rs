@@ -42,6 +42,26 @@ pub enum PoolCmd {
     Clear(ClearArgs),
     /// Resilver the devices that lack txgs now (the daemon does it by itself).
     Resilver(ResilverArgs),
+    /// Replace a device by a new one (or by itself after a disk swap); the new device is
+    /// resilvered from the others.
+    Replace(ReplaceArgs),
+}
+
+#[derive(Args)]
+pub struct ReplaceArgs {
+    /// Use the new device even if it appears to belong to another pool.
+    #[arg(short = 'f')]
+    force: bool,
+    /// Create the new device file, sparse, of this size (e.g. 4G).
+    #[arg(long)]
+    size: Option<String>,
+    /// Wait until the resilver is done (always so without the daemon).
+    #[arg(short = 'w')]
+    wait: bool,
+    name: String,
+    old: String,
+    /// The new device (default: the old device's path, for a disk swapped in place).
+    new: Option<String>,
 }
 
 #[derive(Args)]
@@ -208,6 +228,7 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
         PoolCmd::Online(a) => online(a),
         PoolCmd::Clear(a) => clear(a),
         PoolCmd::Resilver(a) => resilver(a),
+        PoolCmd::Replace(a) => replace(a),
     }
 }
 
@@ -772,6 +793,55 @@ fn clear(a: ClearArgs) -> Result<()> {
             resilver_missed(&opened, false)?;
         }
         Ok(())
+    })();
+    opened.close()?;
+    result
+}
+
+fn replace(a: ReplaceArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let result = (|| -> Result<()> {
+        let size = a.size.as_deref().map(parse_size).transpose()?;
+        let is_old = |p: &str| {
+            p == a.old
+                || std::path::Path::new(p)
+                    .file_name()
+                    .is_some_and(|f| f == a.old.as_str())
+        };
+        let leaves = opened.pool.leaf_list();
+        let Some((_, old_leaf)) = leaves.iter().find(|(_, l)| is_old(&l.path())) else {
+            bail!("no such device in pool '{}': {}", a.name, a.old);
+        };
+        let new = a.new.clone().unwrap_or_else(|| old_leaf.path());
+        let new_abs = crate::pools::absolute(&new)?;
+        if new_abs == old_leaf.path() {
+            // The same device again (a disk swapped in place): only once it is out of use.
+            if old_leaf.is_usable() {
+                bail!(
+                    "cannot replace {} with itself while it is {}; take it offline first, or name a new device",
+                    a.old,
+                    old_leaf.state().name()
+                );
+            }
+            old_leaf.close();
+        } else if leaves.iter().any(|(_, l)| l.path() == new_abs) {
+            bail!(
+                "cannot replace {} with {new}: it is already a device of this pool",
+                a.old
+            );
+        }
+        let mut devs = open_for_create(std::slice::from_ref(&new), size)?;
+        let dev = devs.remove(&new).expect("opened");
+        let (first, last) = opened.pool.replace(&a.old, &new_abs, dev, a.force)?;
+        opened.pool.log_history(&crate::command_line());
+        let mut cache = PoolCache::load(&data_dir())?;
+        cache.upsert(cache_entry(&opened.pool));
+        cache.save(&data_dir())?;
+        outln!(
+            "{} replaced by {new_abs}; it lacks txgs {first}..={last} until the resilver rebuilt it",
+            a.old
+        );
+        resilver_missed(&opened, a.wait)
     })();
     opened.close()?;
     result

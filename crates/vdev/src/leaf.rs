@@ -202,8 +202,8 @@ struct LeafInner {
 
 /// A leaf vdev. See the module documentation.
 pub struct Leaf {
-    pub guid: u64,
-    pub path: String,
+    /// Guid and path: they change when the device is replaced.
+    ident: Mutex<(u64, String)>,
     inner: Mutex<LeafInner>,
     /// Where errors and state changes are posted (the pool's log, once it is built).
     events: std::sync::OnceLock<Arc<crate::events::EventLog>>,
@@ -219,8 +219,8 @@ pub struct Leaf {
 impl std::fmt::Debug for Leaf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leaf")
-            .field("guid", &self.guid)
-            .field("path", &self.path)
+            .field("guid", &self.guid())
+            .field("path", &self.path())
             .field("state", &self.state())
             .finish()
     }
@@ -230,8 +230,7 @@ impl Leaf {
     /// A leaf with a device (ONLINE) or without one (UNAVAIL).
     pub fn new(guid: u64, path: String, asize: u64, dev: Option<DeviceRef>) -> Arc<Self> {
         let leaf = Arc::new(Self {
-            guid,
-            path,
+            ident: Mutex::new((guid, path)),
             inner: Mutex::new(LeafInner {
                 dev: None,
                 state: VdevState::Unavail,
@@ -259,7 +258,7 @@ impl Leaf {
         let worker_dev = dev.clone();
         let weak = Arc::downgrade(self);
         let mut workers = vec![thread::Builder::new()
-            .name(format!("vdev-{:x}-w", self.guid & 0xffff))
+            .name(format!("vdev-{:x}-w", self.guid() & 0xffff))
             .spawn(move || worker(worker_dev, rx, weak))
             .expect("spawn vdev worker")];
         let (rtx, rrx) = crossbeam_channel::unbounded::<ReadReq>();
@@ -269,7 +268,7 @@ impl Leaf {
                 (dev.clone(), rrx.clone(), srx.clone(), Arc::downgrade(self));
             workers.push(
                 thread::Builder::new()
-                    .name(format!("vdev-{:x}-r{i}", self.guid & 0xffff))
+                    .name(format!("vdev-{:x}-r{i}", self.guid() & 0xffff))
                     .spawn(move || loop {
                         // Normal reads first; a scan read only when none waits.
                         let req = match rrx.try_recv() {
@@ -293,6 +292,26 @@ impl Leaf {
         inner.workers = workers;
         inner.state = VdevState::Online;
         inner.reason = None;
+    }
+
+    pub fn guid(&self) -> u64 {
+        self.ident.lock().0
+    }
+
+    /// The device's path, as the pool's configuration names it.
+    pub fn path(&self) -> String {
+        self.ident.lock().1.clone()
+    }
+
+    /// Puts a new device in this leaf's place (`replace`): the old one is closed, the new
+    /// one lacks every txg until a resilver rebuilt it.
+    pub fn replace_device(self: &Arc<Self>, guid: u64, path: String, dev: DeviceRef, txg: u64) {
+        self.close();
+        *self.ident.lock() = (guid, path);
+        self.stats.clear_errors();
+        self.attach(dev);
+        *self.dtl.lock() = None;
+        self.set_dtl(Some((1, txg)));
     }
 
     pub fn device(&self) -> Option<DeviceRef> {
@@ -367,7 +386,7 @@ impl Leaf {
 
     fn post(&self, class: &str, detail: String) {
         if let Some(log) = self.events.get() {
-            log.post(class, Some(&self.path), detail);
+            log.post(class, Some(&self.path()), detail);
         }
     }
 
@@ -507,7 +526,7 @@ impl Leaf {
 
     fn unavailable(&self) -> DeviceError {
         DeviceError::Invalid {
-            dev: self.path.clone(),
+            dev: self.path(),
             what: format!("device is {}", self.state().name()),
         }
     }

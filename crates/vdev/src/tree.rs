@@ -362,7 +362,7 @@ impl TopVdev {
         if leaf.is_usable() && leaf.is_stale(birth) {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let _ = tx.send(Err(tank_device::DeviceError::Invalid {
-                dev: leaf.path.clone(),
+                dev: leaf.path(),
                 what: "lacks the txg of this block (resilvering)".into(),
             }));
             return rx;
