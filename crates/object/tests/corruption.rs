@@ -55,6 +55,18 @@ fn bit_rot_on_parity_children_is_repaired_and_counted() {
             before,
             "{layout}: second read still found damage"
         );
+        // That many checksum errors make a device DEGRADED (as ZFS's fault management does)
+        // until the administrator clears them.
+        for (i, (_, leaf)) in pool.leaf_list().iter().enumerate() {
+            let expected = if errs[i] >= 10 { "DEGRADED" } else { "ONLINE" };
+            assert_eq!(
+                leaf.state().name(),
+                expected,
+                "{layout}: child {i}, {errs:?}"
+            );
+        }
+        assert_eq!(pool.state(), "DEGRADED");
+        pool.clear(None).unwrap();
         assert_eq!(pool.state(), "ONLINE");
         drop(store);
         pool.export().unwrap();

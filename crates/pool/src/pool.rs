@@ -697,7 +697,7 @@ impl Pool {
         };
         let mut missed = Vec::new();
         for leaf in leaves {
-            leaf.stats.clear_errors();
+            leaf.clear_errors();
             if leaf.state() == VdevState::Faulted && leaf.device().is_some() {
                 if let Some(m) = self.bring_back(&leaf, &leaf.path())? {
                     missed.push((leaf.path(), m));

@@ -13,6 +13,9 @@
 //! flush fails is FAULTED at once: its content can no longer be trusted to be current, so it is
 //! read as missing until it is repaired (the conservative rule that keeps invariant 7 honest).
 //! A device missing at import is UNAVAIL; one taken away at run time is REMOVED.
+//! As ZFS's fault management does (zfs_vdev_io_n/_t, checksum_n/_t): 10 read errors within
+//! 10 minutes FAULT a leaf, 10 checksum errors within 10 minutes make it DEGRADED (still
+//! used, but the pool is no longer healthy) until `clear`.
 //!
 //! # Missing txgs (ZFS's dirty time log)
 //! A leaf that was offline, faulted or missing while txgs committed lacks their blocks. Its
@@ -211,6 +214,11 @@ pub struct Leaf {
     dtl: Mutex<Option<(u64, u64)>>,
     /// Rebuilt by a resilver, not yet verified: not yet full redundancy.
     resilvering: std::sync::atomic::AtomicBool,
+    /// When the recent read and checksum errors happened (see the module documentation).
+    recent: Mutex<(
+        std::collections::VecDeque<std::time::Instant>,
+        std::collections::VecDeque<std::time::Instant>,
+    )>,
     pub stats: LeafStats,
     /// Usable bytes of the data area as recorded in the pool config (the pool's smallest member).
     pub asize: u64,
@@ -245,6 +253,7 @@ impl Leaf {
             events: std::sync::OnceLock::new(),
             dtl: Mutex::new(None),
             resilvering: std::sync::atomic::AtomicBool::new(false),
+            recent: Mutex::new(Default::default()),
         });
         if let Some(dev) = dev {
             leaf.attach(dev);
@@ -538,6 +547,38 @@ impl Leaf {
             "ereport.fs.zfs.checksum",
             format!("offset={offset:#x} size={len:#x}"),
         );
+        if self.too_many(false) && self.state() == VdevState::Online {
+            self.set_state(
+                VdevState::Degraded,
+                Some(format!(
+                    "too many checksum errors ({ERRORS_N} in {} s); 'clear' when dealt with",
+                    ERRORS_T.as_secs()
+                )),
+            );
+        }
+    }
+
+    /// Notes an error of a kind (`io` or checksum) now; true when there were `ERRORS_N`
+    /// within `ERRORS_T`.
+    fn too_many(&self, io: bool) -> bool {
+        let now = std::time::Instant::now();
+        let mut recent = self.recent.lock();
+        let q = if io { &mut recent.0 } else { &mut recent.1 };
+        q.push_back(now);
+        while q.front().is_some_and(|t| now.duration_since(*t) > ERRORS_T) {
+            q.pop_front();
+        }
+        q.len() >= ERRORS_N
+    }
+
+    /// Clears the error counters and the errors' memory; a leaf DEGRADED by errors is
+    /// ONLINE again.
+    pub fn clear_errors(&self) {
+        self.stats.clear_errors();
+        *self.recent.lock() = Default::default();
+        if self.state() == VdevState::Degraded {
+            self.set_state(VdevState::Online, None);
+        }
     }
 
     /// Stops the worker and releases the device (and its lock) before returning; the leaf
@@ -566,6 +607,10 @@ pub enum IoClass {
     Scan,
 }
 
+/// Errors within `ERRORS_T` that fault (I/O) or degrade (checksum) a leaf.
+const ERRORS_N: usize = 10;
+const ERRORS_T: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Most reader threads per leaf: the reads a device has in flight at once (fewer when the
 /// device says it serves fewer, as a single-actuator disk does).
 const READ_QUEUE_DEPTH: usize = 4;
@@ -589,6 +634,12 @@ fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
                 "ereport.fs.zfs.io",
                 format!("op=read offset={:#x} size={len:#x} error=\"{e}\"", offset),
             );
+            if leaf.too_many(true) {
+                leaf.fault(format!(
+                    "too many read errors ({ERRORS_N} in {} s)",
+                    ERRORS_T.as_secs()
+                ));
+            }
             Err(e)
         }
     };

@@ -195,7 +195,12 @@ impl TopVdev {
         let bad = self.unusable();
         if bad > self.redundancy() {
             VdevState::Unavail
-        } else if bad > 0 || self.leaves.iter().any(|l| l.is_resilvering()) {
+        } else if bad > 0
+            || self
+                .leaves
+                .iter()
+                .any(|l| l.is_resilvering() || l.state() == VdevState::Degraded)
+        {
             VdevState::Degraded
         } else {
             VdevState::Online
