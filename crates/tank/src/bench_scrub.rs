@@ -12,7 +12,9 @@
 //!   would) and once O_DIRECT, keeping the faster;
 //! - *scrub*: import and scrub; its rate is the bytes it read from the devices over its time;
 //! - *healthy read*: import and read the object back;
-//! - *degraded read*: import with `--missing` devices gone and read the object back.
+//! - *degraded read*: import with `--missing` devices gone and read the object back;
+//! - with `--resilver`: in a pool filled nearly full, and in one a tenth as full, replace a
+//!   device by a new file and time the resilver (rebuild and verifying pass).
 //!
 //! Each figure is the median of `--runs` runs, ratios the median of the per-run ratios.
 
@@ -48,6 +50,9 @@ pub struct ScrubBenchArgs {
     missing: usize,
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Also time the resilver of a replaced device, the pool nearly full and a tenth as full.
+    #[arg(long)]
+    resilver: bool,
     #[arg(long)]
     json: bool,
 }
@@ -71,6 +76,9 @@ struct Run {
     scrub: f64,
     healthy: f64,
     degraded: f64,
+    /// Resilver seconds and the fraction of the pool allocated: nearly full, a tenth.
+    resilver_full: Option<(f64, f64)>,
+    resilver_tenth: Option<(f64, f64)>,
 }
 
 fn import(names: &[String], skip: usize) -> Result<(Arc<Pool>, Arc<ObjectStore>)> {
@@ -101,21 +109,31 @@ fn read_back(store: &ObjectStore, id: u64, size: u64) -> Result<f64> {
     Ok(size as f64 / t.elapsed().as_secs_f64())
 }
 
-fn one_run(a: &ScrubBenchArgs, size: u64, data: &[u8]) -> Result<Run> {
-    let names: Vec<String> = (0..a.devices)
+fn device_names(a: &ScrubBenchArgs, prefix: &str) -> Vec<String> {
+    (0..a.devices)
         .map(|i| {
             a.dir
-                .join(format!("scrub-dev{i}"))
+                .join(format!("{prefix}{i}"))
                 .to_string_lossy()
                 .into_owned()
         })
-        .collect();
+        .collect()
+}
+
+/// A new pool of `names`, each device `per_dev` bytes, with `size` bytes written as one
+/// object (1 MiB records) and synced; returns the object's id too.
+fn build_pool(
+    a: &ScrubBenchArgs,
+    names: &[String],
+    per_dev: u64,
+    size: u64,
+    data: &[u8],
+) -> Result<(Arc<Pool>, Arc<ObjectStore>, u64)> {
     let mut tokens = vec![a.layout.clone()];
     tokens.extend(names.iter().cloned());
     let spec = PoolSpec::parse(&tokens, false)?;
-    let per_dev = size / a.devices as u64 * 2 + (512 << 20);
     let mut devices = std::collections::HashMap::new();
-    for n in &names {
+    for n in names {
         let _ = std::fs::remove_file(n);
         devices.insert(n.clone(), open_device(n, Some(per_dev), true)?);
     }
@@ -134,11 +152,49 @@ fn one_run(a: &ScrubBenchArgs, size: u64, data: &[u8]) -> Result<Run> {
         os.write(&tx, id, off, &data[..n])?;
         drop(tx);
         off += n as u64;
+        // Bounded dirty data: space checks count what is in flight at its worst case, and
+        // the resilver run fills the pool to the brim.
+        if off.is_multiple_of(128 << 20) {
+            store.sync()?;
+        }
     }
     store.sync()?;
+    Ok((pool, store, id))
+}
+
+/// Replaces the second device of a pool holding `fill` bytes by a new file and times the
+/// resilver; returns (seconds, fraction of the pool allocated).
+fn resilver_secs(a: &ScrubBenchArgs, per_dev: u64, fill: u64, data: &[u8]) -> Result<(f64, f64)> {
+    let names = device_names(a, "resilver-dev");
+    let (pool, store, _) = build_pool(a, &names, per_dev, fill, data)?;
+    let space = pool.space();
+    let new = a.dir.join("resilver-new").to_string_lossy().into_owned();
+    let _ = std::fs::remove_file(&new);
+    let dev = open_device(&new, Some(per_dev), true)?;
+    pool.replace(&names[1], &new, dev, false)?;
+    let t = Instant::now();
+    store.resilver_start()?;
+    store.scan_wait();
+    let secs = t.elapsed().as_secs_f64();
+    let st = store.scan_status();
+    if st.state.phase != ScanPhase::Finished || st.state.errors > 0 || pool.state() != "ONLINE" {
+        bail!("the resilver did not finish cleanly: {:?}", st.state);
+    }
+    pool.destroy()?;
+    drop((store, pool));
+    for n in names.iter().chain([&new]) {
+        let _ = std::fs::remove_file(n);
+    }
+    Ok((secs, space.allocated as f64 / space.size as f64))
+}
+
+fn one_run(a: &ScrubBenchArgs, size: u64, data: &[u8]) -> Result<Run> {
+    let names = device_names(a, "scrub-dev");
+    let per_dev = size / a.devices as u64 * 2 + (512 << 20);
+    let (pool, store, id) = build_pool(a, &names, per_dev, size, data)?;
     let allocated = pool.space().allocated;
     pool.export()?;
-    drop((os, store, pool));
+    drop((store, pool));
 
     // Raw: each device file's share of the allocated space, all files at once; the better
     // of reading through the page cache and reading O_DIRECT.
@@ -185,11 +241,25 @@ fn one_run(a: &ScrubBenchArgs, size: u64, data: &[u8]) -> Result<Run> {
     for n in &names {
         let _ = std::fs::remove_file(n);
     }
+    // Resilver of a replaced device, the pool nearly full (`size` of data; 1/32 of a pool
+    // is always kept free) against a tenth of that.
+    let (full, small) = if a.resilver {
+        // Room for the data, its parity and metadata, and the reserve, with little spare.
+        let data_devices = a.devices.saturating_sub(parity_of(&a.layout)).max(1);
+        let per_dev = (size as f64 * 1.12 / data_devices as f64) as u64 + (24 << 20);
+        let full = resilver_secs(a, per_dev, size, data)?;
+        let small = resilver_secs(a, per_dev, size / 10, data)?;
+        (Some(full), Some(small))
+    } else {
+        (None, None)
+    };
     Ok(Run {
         raw,
         scrub,
         healthy,
         degraded,
+        resilver_full: full,
+        resilver_tenth: small,
     })
 }
 
@@ -228,6 +298,16 @@ fn raw_read(names: &[String], share: u64, direct: bool) -> Result<f64> {
     Ok((share * names.len() as u64) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Devices' worth of parity in each row of a layout (a mirror of all devices: all but one).
+fn parity_of(layout: &str) -> usize {
+    match layout {
+        "raidz1" => 1,
+        "raidz2" => 2,
+        "raidz3" => 3,
+        _ => 0,
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -257,6 +337,24 @@ pub fn run(a: ScrubBenchArgs) -> Result<()> {
     );
     let scrub_ratio = med(&|r| r.scrub / r.raw);
     let degraded_ratio = med(&|r| r.degraded / r.healthy);
+    let resilver = a.resilver.then(|| {
+        let get = |f: &dyn Fn(&Run) -> (f64, f64)| {
+            (
+                median(runs.iter().map(|r| f(r).0).collect()),
+                median(runs.iter().map(|r| f(r).1).collect()),
+            )
+        };
+        let full = get(&|r| r.resilver_full.expect("measured"));
+        let tenth = get(&|r| r.resilver_tenth.expect("measured"));
+        let ratio = median(
+            runs.iter()
+                .map(|r| {
+                    r.resilver_tenth.expect("measured").0 / r.resilver_full.expect("measured").0
+                })
+                .collect(),
+        );
+        (full, tenth, ratio)
+    });
     if a.json {
         outln!(
             "{}",
@@ -271,6 +369,11 @@ pub fn run(a: ScrubBenchArgs) -> Result<()> {
                 "degraded_read_mb_s": degraded / mb,
                 "missing": a.missing,
                 "degraded_over_healthy": degraded_ratio,
+                "resilver_full_secs": resilver.map(|r| r.0 .0),
+                "resilver_full_allocated": resilver.map(|r| r.0 .1),
+                "resilver_tenth_secs": resilver.map(|r| r.1 .0),
+                "resilver_tenth_allocated": resilver.map(|r| r.1 .1),
+                "resilver_tenth_over_full": resilver.map(|r| r.2),
             })
         );
     } else {
@@ -295,6 +398,16 @@ pub fn run(a: ScrubBenchArgs) -> Result<()> {
             a.missing,
             degraded / mb
         );
+        if let Some(((fs, fa), (ts, ta), ratio)) = resilver {
+            outln!(
+                "  resilver, pool {:.0}% allocated    {fs:>8.2} s",
+                fa * 100.0
+            );
+            outln!(
+                "  resilver, pool {:.0}% allocated     {ts:>8.2} s      tenth / full: {ratio:.2}",
+                ta * 100.0
+            );
+        }
     }
     Ok(())
 }
