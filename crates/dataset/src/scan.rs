@@ -47,27 +47,39 @@ impl ScanRoots for SnapshotRoots {
     }
 }
 
-/// How `status -v` names an entry of the error log: `dataset:<0xOBJECT>`, a snapshot as
-/// `dataset@snap:<0x...>`, the pool's own metadata as `<metadata>:<0x0>`, a tree node (whose
+/// How `status -v` names an entry of the error log, as zpool does: a file of a filesystem
+/// by its path (`dataset:/dir/file`, a snapshot's as `dataset@snap:/dir/file`), other objects
+/// as `dataset:<0xOBJECT>`, the pool's own metadata as `<metadata>:<0x0>`, a tree node (whose
 /// objects are unknown) as `dataset:<metadata>`.
 pub fn error_name(dsl: &Dsl, tree: u64, object: u64) -> String {
-    let dataset = if tree == POOL_META_ID || tree == tank_object::META_OBJSET {
-        "<metadata>".to_string()
+    let (dataset, id) = if tree == POOL_META_ID || tree == tank_object::META_OBJSET {
+        ("<metadata>".to_string(), None)
     } else if tree >= SNAPSHOT_TREE_BASE {
-        dsl.name_of(tree - SNAPSHOT_TREE_BASE)
+        let id = tree - SNAPSHOT_TREE_BASE;
+        (dsl.name_of(id), Some(id))
     } else {
-        dsl.all_ids()
-            .into_iter()
-            .find(|id| {
-                dsl.record(*id)
-                    .is_ok_and(|r| r.kind != DatasetKind::Snapshot && r.objset == tree)
-            })
-            .map(|id| dsl.name_of(id))
-            .unwrap_or_else(|| format!("<0x{tree:x}>"))
+        match dsl.all_ids().into_iter().find(|id| {
+            dsl.record(*id)
+                .is_ok_and(|r| r.kind != DatasetKind::Snapshot && r.objset == tree)
+        }) {
+            Some(id) => (dsl.name_of(id), Some(id)),
+            None => (format!("<0x{tree:x}>"), None),
+        }
     };
     if object == METADATA_OBJECT {
-        format!("{dataset}:<metadata>")
-    } else {
-        format!("{dataset}:<0x{object:x}>")
+        return format!("{dataset}:<metadata>");
+    }
+    let path = id.and_then(|id| {
+        let r = dsl.record(id).ok()?;
+        let os = match r.kind {
+            DatasetKind::Snapshot => dsl.snapshot_objset(id).ok()?,
+            DatasetKind::Filesystem => dsl.objset(id).ok()?,
+            DatasetKind::Volume => return None,
+        };
+        crate::posix::paths::path_of(&os, object)
+    });
+    match path {
+        Some(p) => format!("{dataset}:{p}"),
+        None => format!("{dataset}:<0x{object:x}>"),
     }
 }
