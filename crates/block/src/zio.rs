@@ -338,8 +338,16 @@ impl BlockStore {
 
     /// True when every top-level vdev can still be read in full (after a write batch).
     pub fn check_writable(&self) -> Result<(), BlockError> {
+        // Vdevs that hold no blocks (hot spares, cache devices) do not count.
+        let holding: Vec<u32> = {
+            let alloc = self.alloc.lock();
+            alloc
+                .vdev_ids()
+                .filter(|id| alloc.vdev(*id).is_some_and(|v| v.allocatable))
+                .collect()
+        };
         for v in self.vdevs() {
-            if !v.readable() {
+            if holding.contains(&v.id) && !v.readable() {
                 return Err(BlockError::WriteFailed(v.id));
             }
         }

@@ -468,6 +468,8 @@ impl ObjectStore {
     /// Starts the scan thread if a scan is active and not paused (after import), or a
     /// resilver if a device lacks txgs and none runs.
     pub fn scan_resume(self: &Arc<Self>) {
+        // Hot spares take the place of devices that failed while the pool was away.
+        let _ = self.pool().activate_spares();
         let st = self.scanner.state.lock().clone();
         let resilvering = st.phase == ScanPhase::Scanning && st.func == "resilver";
         if !resilvering && !self.lacking_leaves().is_empty() {

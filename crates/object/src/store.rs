@@ -62,6 +62,8 @@ pub struct ObjectStore {
     dirty_table: AtomicBool,
     hook: Mutex<Option<Arc<dyn SyncHook>>>,
     pub(crate) scanner: crate::scan::Scanner,
+    /// Itself, for work the sync thread hands to a thread of its own (a resilver).
+    me: std::sync::OnceLock<std::sync::Weak<ObjectStore>>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -100,7 +102,9 @@ impl ObjectStore {
             dirty_table: AtomicBool::new(fresh),
             hook: Mutex::new(None),
             scanner: crate::scan::Scanner::new(),
+            me: std::sync::OnceLock::new(),
         });
+        let _ = store.me.set(Arc::downgrade(&store));
         store.scanner.load(&store)?;
         pool.set_syncer(store.clone());
         if fresh {
@@ -313,6 +317,15 @@ impl Syncer for ObjectStore {
 
     fn closing(&self) {
         self.scan_suspend();
+    }
+
+    fn devices_changed(&self) {
+        if let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) {
+            // Not on the sync thread: the resilver waits for the scan thread it replaces.
+            std::thread::spawn(move || {
+                let _ = me.resilver_start();
+            });
+        }
     }
 
     fn is_dirty(&self) -> bool {

@@ -288,3 +288,89 @@ fn ten_read_errors_fault_a_device_and_clear_brings_it_back_resilvered() {
     pool.export().unwrap();
     verify_without(&devs, &[0, 1], &model);
 }
+
+#[test]
+fn hot_spare_stands_in_for_a_failed_device_until_it_is_replaced() {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use tank_device::DeviceRef;
+    let fleet = SimFleet::new(36);
+    let names = ["d0", "d1", "d2", "d3", "d4", "s0"];
+    let mut devs: Vec<tank_device::SimDevice> =
+        names.iter().map(|n| fleet.device(n, DEV)).collect();
+    let map: HashMap<String, DeviceRef> = names
+        .iter()
+        .zip(&devs)
+        .map(|(n, d)| (n.to_string(), Arc::new(d.clone()) as DeviceRef))
+        .collect();
+    let opts = tank_pool::CreateOptions {
+        tunables: manual_txgs(),
+        ..Default::default()
+    };
+    let (pool, _) =
+        tank_pool::Pool::create("sp", &spec("raidz2 d0 d1 d2 d3 d4 spare s0"), &map, &opts)
+            .unwrap();
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    let mut model = populate(&store, 8, 40);
+    let spare_state = |pool: &tank_pool::Pool| {
+        let st = pool.status();
+        st.sections
+            .iter()
+            .find(|(n, _)| n == "spares")
+            .map(|(_, v)| v[0].state.clone())
+            .unwrap()
+    };
+    assert_eq!(spare_state(&pool), "AVAIL");
+    // d2 dies: every read fails, ten failures fault it, the next txg puts the spare in.
+    devs[2].fail_reads(Some(0..DEV));
+    devs[2].set_gone(true);
+    verify(&store, &model).unwrap();
+    let mut r = rng(13);
+    random_step(&store, &mut model, &mut r, 100_000).unwrap();
+    store.sync().unwrap();
+    let t = Instant::now();
+    loop {
+        let st = store.scan_status();
+        if st.state.func == "resilver" && st.state.phase == ScanPhase::Finished {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no resilver onto the spare: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store.scan_wait();
+    assert_eq!(spare_state(&pool), "INUSE");
+    assert_eq!(
+        pool.state(),
+        "DEGRADED",
+        "a spare stands in: not healthy yet"
+    );
+    let events = pool.events.since(0);
+    assert!(events
+        .iter()
+        .any(|e| e.class == "sysevent.fs.zfs.vdev_spare"));
+    verify(&store, &model).unwrap();
+    // In use across export and import.
+    drop(store);
+    pool.export().unwrap();
+    let (pool, store) = reimport(&devs);
+    assert_eq!(spare_state(&pool), "INUSE");
+    verify(&store, &model).unwrap();
+    // The failed device replaced (by its own name): the spare is AVAIL again.
+    let new = fleet.device("n2", DEV);
+    pool.replace("d2", "n2", Arc::new(new.clone()), false)
+        .unwrap();
+    assert_eq!(spare_state(&pool), "AVAIL");
+    assert!(store.resilver_start().unwrap());
+    let st = wait_resilver(&store);
+    assert_eq!((st.state.errors, st.state.verify_repaired), (0, 0));
+    assert_eq!(pool.state(), "ONLINE");
+    drop(store);
+    pool.export().unwrap();
+    devs[2] = new;
+    let (pool, store) = reimport(&devs);
+    assert_eq!(spare_state(&pool), "AVAIL");
+    verify(&store, &model).unwrap();
+}

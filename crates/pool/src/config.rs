@@ -69,6 +69,10 @@ pub struct LeafConfig {
     /// Taken offline by the administrator (stays so across export and import).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub offline: bool,
+    /// This slot is served by a hot spare (whose guid and path the entry then carries); the
+    /// guid and path of the failed device it stands in for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spare_for: Option<(u64, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -56,6 +56,9 @@ pub trait Syncer: Send + Sync {
     /// The pool is closing (export, destroy, shutdown): stop background work (a scrub) and
     /// leave its state dirty, so the final sync writes it.
     fn closing(&self) {}
+    /// Devices changed under the pool (a hot spare took a failed device's place): whatever
+    /// they lack should be resilvered.
+    fn devices_changed(&self) {}
 }
 
 pub struct SyncContext<'a> {
@@ -344,6 +347,7 @@ impl Pool {
                         guid: new_guid(),
                         path,
                         offline: false,
+                        spare_for: None,
                     })
                     .collect(),
             });
@@ -435,13 +439,32 @@ impl Pool {
         }
         let mut tops = Vec::new();
         let mut slots: Vec<Option<Arc<TopVdev>>> = Vec::new();
+        // Hot spares in use: their device serves the slot of the device they stand in for.
+        let lent: HashMap<u64, String> = config
+            .vdevs
+            .iter()
+            .filter(|tc| tc.class != VdevClass::Spare)
+            .flat_map(|tc| tc.children.iter())
+            .filter_map(|lc| {
+                lc.spare_for
+                    .as_ref()
+                    .map(|(_, orig)| (lc.guid, orig.clone()))
+            })
+            .collect();
         for tc in &config.vdevs {
             let leaves: Vec<Arc<Leaf>> = tc
                 .children
                 .iter()
                 .map(|lc| {
-                    let dev = devs.get(&lc.guid).cloned();
                     let leaf = Leaf::new(lc.guid, lc.path.clone(), config.leaf_asize, None);
+                    leaf.set_spare_for(lc.spare_for.clone());
+                    if tc.class == VdevClass::Spare {
+                        if let Some(orig) = lent.get(&lc.guid) {
+                            leaf.set_state(VdevState::Inuse, Some(format!("in use for {orig}")));
+                            return leaf;
+                        }
+                    }
+                    let dev = devs.get(&lc.guid).cloned();
                     if let Some(dev) = dev {
                         if usable_size(dev.size()) < config.leaf_asize {
                             leaf.set_state(
@@ -504,10 +527,16 @@ impl Pool {
     fn find_leaf(&self, name: &str) -> Result<(Arc<TopVdev>, Arc<Leaf>), PoolError> {
         for (_, top) in &self.tops {
             for leaf in &top.leaves {
-                let short = std::path::Path::new(&leaf.path())
-                    .file_name()
-                    .is_some_and(|f| f == name);
-                if leaf.path() == name || short || leaf.guid().to_string() == name {
+                let is = |path: &str, guid: u64| {
+                    path == name
+                        || guid.to_string() == name
+                        || std::path::Path::new(path)
+                            .file_name()
+                            .is_some_and(|f| f == name)
+                };
+                // A slot served by a hot spare answers to the failed device's name too.
+                let stood_in = leaf.spare_for().is_some_and(|(g, p)| is(&p, g));
+                if is(&leaf.path(), leaf.guid()) || stood_in {
                     return Ok((top.clone(), leaf.clone()));
                 }
             }
@@ -649,7 +678,8 @@ impl Pool {
             .iter()
             .filter(|l| (!l.is_usable() || l.is_resilvering()) && !Arc::ptr_eq(l, &leaf))
             .count();
-        if lacking + 1 > top.redundancy() && leaf.is_usable() && !leaf.is_resilvering() {
+        let spared = leaf.spare_for().is_some();
+        if lacking + 1 > top.redundancy() && leaf.is_usable() && !leaf.is_resilvering() && !spared {
             return refuse(format!(
                 "{} {} would have no copy of some blocks while the new device is rebuilt ({lacking} other device(s) missing or resilvering); replace a failed device first",
                 top.type_name(),
@@ -666,15 +696,32 @@ impl Pool {
         let guid = new_guid();
         let old_guid = leaf.guid();
         let open = self.txg.open_txg();
-        leaf.replace_device(guid, new_path.to_string(), dev, open);
+        let old_dev = leaf.replace_device(guid, new_path.to_string(), dev, open);
+        if spared {
+            // The hot spare that stood in goes back to the spares, AVAIL again.
+            leaf.set_spare_for(None);
+            if let (Some(spare), Some(dev)) = (self.spare_leaf(old_guid), old_dev) {
+                spare.attach(dev);
+                self.events.post(
+                    "resource.fs.zfs.statechange",
+                    Some(&spare.path()),
+                    "to=AVAIL reason=\"the device it stood in for was replaced\"".into(),
+                );
+            }
+        }
         {
             let mut cfg = self.config.lock();
-            for tc in &mut cfg.vdevs {
+            for tc in cfg
+                .vdevs
+                .iter_mut()
+                .filter(|tc| tc.class != VdevClass::Spare)
+            {
                 for lc in &mut tc.children {
                     if lc.guid == old_guid {
                         lc.guid = guid;
                         lc.path = new_path.to_string();
                         lc.offline = false;
+                        lc.spare_for = None;
                     }
                 }
             }
@@ -686,6 +733,99 @@ impl Pool {
             format!("replaced={old} to=ONLINE reason=\"lacks every txg until resilvered\""),
         );
         Ok((1, open))
+    }
+
+    /// Whether a failed data device has no spare yet while one is available.
+    fn spare_wanted(&self) -> bool {
+        let free = self
+            .tops
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Spare)
+            .any(|(_, t)| t.leaves.iter().any(|l| l.is_usable()));
+        free && self
+            .tops
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Normal)
+            .flat_map(|(_, t)| t.leaves.iter())
+            .any(|l| {
+                matches!(
+                    l.state(),
+                    VdevState::Faulted | VdevState::Unavail | VdevState::Removed
+                ) && l.spare_for().is_none()
+            })
+    }
+
+    /// The hot spare with this guid.
+    fn spare_leaf(&self, guid: u64) -> Option<Arc<Leaf>> {
+        self.tops
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Spare)
+            .flat_map(|(_, t)| t.leaves.iter())
+            .find(|l| l.guid() == guid)
+            .cloned()
+    }
+
+    /// Puts an available hot spare in the place of every failed device (FAULTED, UNAVAIL or
+    /// REMOVED; not one taken offline) of the data vdevs; each lacks every txg until a
+    /// resilver rebuilt it. Returns (failed device, spare) pairs.
+    pub fn activate_spares(&self) -> Result<Vec<(String, String)>, PoolError> {
+        let mut done = Vec::new();
+        let asize = self.config.lock().leaf_asize;
+        for (_, top) in self.tops.iter().filter(|(c, _)| *c == VdevClass::Normal) {
+            for leaf in &top.leaves {
+                let failed = matches!(
+                    leaf.state(),
+                    VdevState::Faulted | VdevState::Unavail | VdevState::Removed
+                );
+                if !failed || leaf.spare_for().is_some() {
+                    continue;
+                }
+                let Some(spare) = self
+                    .tops
+                    .iter()
+                    .filter(|(c, _)| *c == VdevClass::Spare)
+                    .flat_map(|(_, t)| t.leaves.iter())
+                    .find(|s| {
+                        s.is_usable() && s.device().is_some_and(|d| usable_size(d.size()) >= asize)
+                    })
+                    .cloned()
+                else {
+                    return Ok(done);
+                };
+                let Some(dev) = spare.take_device() else {
+                    continue;
+                };
+                let (orig_guid, orig_path) = (leaf.guid(), leaf.path());
+                spare.set_state(VdevState::Inuse, Some(format!("in use for {orig_path}")));
+                let open = self.txg.open_txg();
+                leaf.replace_device(spare.guid(), spare.path(), dev, open);
+                leaf.set_spare_for(Some((orig_guid, orig_path.clone())));
+                {
+                    let mut cfg = self.config.lock();
+                    for tc in cfg
+                        .vdevs
+                        .iter_mut()
+                        .filter(|tc| tc.class != VdevClass::Spare)
+                    {
+                        for lc in &mut tc.children {
+                            if lc.guid == orig_guid {
+                                lc.guid = spare.guid();
+                                lc.path = spare.path();
+                                lc.spare_for = Some((orig_guid, orig_path.clone()));
+                            }
+                        }
+                    }
+                }
+                self.write_config(PoolState::Active)?;
+                self.events.post(
+                    "sysevent.fs.zfs.vdev_spare",
+                    Some(&spare.path()),
+                    format!("for=\"{orig_path}\""),
+                );
+                done.push((orig_path, spare.path()));
+            }
+        }
+        Ok(done)
     }
 
     /// Clears the error counters (of one device or all) and brings faulted devices that
@@ -1329,10 +1469,27 @@ impl Pool {
         let _ = batch.wait();
         self.blocks.check_writable()?;
         self.commit_txg(txg, objsets)?;
-        let mut inner = self.txg.inner.lock();
-        inner.synced = txg;
-        inner.dirty_syncing = 0;
-        self.txg.cv.notify_all();
+        {
+            let mut inner = self.txg.inner.lock();
+            inner.synced = txg;
+            inner.dirty_syncing = 0;
+            self.txg.cv.notify_all();
+        }
+        // A device failed since the last txg and a hot spare is free: it stands in at once.
+        if self.spare_wanted() {
+            match self.activate_spares() {
+                Ok(list) if !list.is_empty() => {
+                    if let Some(s) = &syncer {
+                        s.devices_changed();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.events
+                        .post("sysevent.fs.zfs.vdev_spare", None, format!("error=\"{e}\""))
+                }
+            }
+        }
         Ok(true)
     }
 
@@ -1529,7 +1686,7 @@ impl Pool {
             return "SUSPENDED";
         }
         let mut state = "ONLINE";
-        for (class, top) in &self.tops {
+        for (class, top) in self.tops.iter().filter(|(c, _)| *c != VdevClass::Spare) {
             match (top.state(), class) {
                 (VdevState::Online, _) => {}
                 (VdevState::Degraded, _) => state = "DEGRADED",
@@ -1541,16 +1698,37 @@ impl Pool {
     }
 
     pub fn status(&self) -> PoolStatus {
+        let spares: Vec<u64> = self
+            .tops
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Spare)
+            .flat_map(|(_, t)| t.leaves.iter().map(|l| l.guid()))
+            .collect();
         let leaf_status = |l: &Arc<Leaf>| {
             let s = l.stats.snapshot();
+            // An idle hot spare is AVAIL, as zpool shows it.
+            let idle_spare = spares.contains(&l.guid()) && l.is_usable() && l.spare_for().is_none();
             VdevStatus {
                 name: l.path(),
-                state: l.state().name().into(),
+                state: if idle_spare {
+                    "AVAIL".into()
+                } else {
+                    l.state().name().into()
+                },
                 read_errors: s.read_errors,
                 write_errors: s.write_errors,
                 cksum_errors: s.cksum_errors,
                 note: match (l.reason(), l.is_resilvering(), l.dtl()) {
                     (Some(r), _, _) => Some(r),
+                    _ if l.spare_for().is_some() => Some(format!(
+                        "(hot spare for {}{})",
+                        l.spare_for().map(|s| s.1).unwrap_or_default(),
+                        if l.is_resilvering() {
+                            ", resilvering"
+                        } else {
+                            ""
+                        }
+                    )),
                     (None, true, Some((a, b))) => {
                         Some(format!("(resilvering: lacks txgs {a}..={b})"))
                     }

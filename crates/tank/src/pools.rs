@@ -194,6 +194,9 @@ pub fn open_pool(name: &str) -> Result<Opened> {
 pub fn scan_dirs(dirs: &[PathBuf], lock: bool) -> Result<Vec<DeviceRef>> {
     let mut out = Vec::new();
     for dir in dirs {
+        // Absolute, so the cache file and the labels name the devices from anywhere.
+        let dir = &std::fs::canonicalize(dir)
+            .with_context(|| format!("cannot read directory {}", dir.display()))?;
         let entries = std::fs::read_dir(dir)
             .with_context(|| format!("cannot read directory {}", dir.display()))?;
         let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();

@@ -71,6 +71,8 @@ pub enum VdevState {
     Offline,
     Unavail,
     Removed,
+    /// A hot spare standing in for a failed device (its own leaf takes no I/O then).
+    Inuse,
 }
 
 impl VdevState {
@@ -82,6 +84,7 @@ impl VdevState {
             Self::Offline => "OFFLINE",
             Self::Unavail => "UNAVAIL",
             Self::Removed => "REMOVED",
+            Self::Inuse => "INUSE",
         }
     }
 
@@ -214,6 +217,8 @@ pub struct Leaf {
     dtl: Mutex<Option<(u64, u64)>>,
     /// Rebuilt by a resilver, not yet verified: not yet full redundancy.
     resilvering: std::sync::atomic::AtomicBool,
+    /// Served by a hot spare: the device it stands in for (guid, path).
+    spare_for: Mutex<Option<(u64, String)>>,
     /// When the recent read and checksum errors happened (see the module documentation).
     recent: Mutex<(
         std::collections::VecDeque<std::time::Instant>,
@@ -254,6 +259,7 @@ impl Leaf {
             dtl: Mutex::new(None),
             resilvering: std::sync::atomic::AtomicBool::new(false),
             recent: Mutex::new(Default::default()),
+            spare_for: Mutex::new(None),
         });
         if let Some(dev) = dev {
             leaf.attach(dev);
@@ -314,13 +320,21 @@ impl Leaf {
 
     /// Puts a new device in this leaf's place (`replace`): the old one is closed, the new
     /// one lacks every txg until a resilver rebuilt it.
-    pub fn replace_device(self: &Arc<Self>, guid: u64, path: String, dev: DeviceRef, txg: u64) {
-        self.close();
+    /// Returns the device it had, if any.
+    pub fn replace_device(
+        self: &Arc<Self>,
+        guid: u64,
+        path: String,
+        dev: DeviceRef,
+        txg: u64,
+    ) -> Option<DeviceRef> {
+        let old = self.take_device();
         *self.ident.lock() = (guid, path);
         self.stats.clear_errors();
         self.attach(dev);
         *self.dtl.lock() = None;
         self.set_dtl(Some((1, txg)));
+        old
     }
 
     pub fn device(&self) -> Option<DeviceRef> {
@@ -584,19 +598,34 @@ impl Leaf {
     /// Stops the worker and releases the device (and its lock) before returning; the leaf
     /// keeps its identity and counters.
     pub fn close(&self) {
-        let handles = {
+        self.take_device();
+    }
+
+    /// Stops the worker and hands the device over (a hot spare lent to another leaf, or
+    /// given back); the leaf keeps its identity and counters.
+    pub fn take_device(&self) -> Option<DeviceRef> {
+        let (dev, handles) = {
             let mut inner = self.inner.lock();
             inner.queue = None;
             inner.reads = None;
             inner.scan_reads = None;
-            inner.dev = None;
-            std::mem::take(&mut inner.workers)
+            (inner.dev.take(), std::mem::take(&mut inner.workers))
         };
         for h in handles {
             if h.thread().id() != thread::current().id() {
                 let _ = h.join();
             }
         }
+        dev
+    }
+
+    /// For a leaf served by a hot spare: the guid and path of the device it stands in for.
+    pub fn spare_for(&self) -> Option<(u64, String)> {
+        self.spare_for.lock().clone()
+    }
+
+    pub fn set_spare_for(&self, orig: Option<(u64, String)>) {
+        *self.spare_for.lock() = orig;
     }
 }
 

@@ -196,10 +196,9 @@ impl TopVdev {
         if bad > self.redundancy() {
             VdevState::Unavail
         } else if bad > 0
-            || self
-                .leaves
-                .iter()
-                .any(|l| l.is_resilvering() || l.state() == VdevState::Degraded)
+            || self.leaves.iter().any(|l| {
+                l.is_resilvering() || l.state() == VdevState::Degraded || l.spare_for().is_some()
+            })
         {
             VdevState::Degraded
         } else {
