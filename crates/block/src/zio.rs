@@ -178,6 +178,14 @@ impl BlockStore {
             .sum()
     }
 
+    /// Puts a reshaped vdev in the place of the one with its id (`attach`, `detach`).
+    pub fn set_vdev(&self, top: Arc<TopVdev>) {
+        let mut vdevs = self.vdevs.write();
+        if let Some(slot) = vdevs.get_mut(top.id as usize) {
+            *slot = Some(top);
+        }
+    }
+
     pub fn vdevs(&self) -> Vec<Arc<TopVdev>> {
         self.vdevs.read().iter().flatten().cloned().collect()
     }

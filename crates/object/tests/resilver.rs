@@ -374,3 +374,44 @@ fn hot_spare_stands_in_for_a_failed_device_until_it_is_replaced() {
     assert_eq!(spare_state(&pool), "AVAIL");
     verify(&store, &model).unwrap();
 }
+
+#[test]
+fn attach_makes_a_mirror_and_detach_refuses_to_drop_the_last_valid_copy() {
+    use std::sync::Arc;
+    let fleet = SimFleet::new(37);
+    let (mut devs, pool, store) = sim_pool(&fleet, "", 1, DEV);
+    let model = populate(&store, 9, 30);
+    let new = fleet.device("d1", DEV);
+    pool.attach("d0", "d1", Arc::new(new.clone()), false)
+        .unwrap();
+    assert_eq!(
+        pool.state(),
+        "DEGRADED",
+        "the new side lacks everything yet"
+    );
+    // Until it is rebuilt, d0 is the only valid copy.
+    let err = pool.detach("d0").unwrap_err().to_string();
+    assert!(err.contains("only valid copy"), "{err}");
+    assert!(store.resilver_start().unwrap());
+    let st = wait_resilver(&store);
+    assert_eq!((st.state.errors, st.state.verify_repaired), (0, 0));
+    assert_eq!(pool.state(), "ONLINE");
+    assert_eq!(pool.tops()[0].1.type_name(), "mirror");
+    // A third side, then back to a single disk: d1 alone holds everything.
+    let third = fleet.device("d2", DEV);
+    pool.attach("d1", "d2", Arc::new(third), false).unwrap();
+    assert!(store.resilver_start().unwrap());
+    wait_resilver(&store);
+    pool.detach("d0").unwrap();
+    pool.detach("d2").unwrap();
+    assert_eq!(pool.tops()[0].1.type_name(), "disk");
+    let err = pool.detach("d1").unwrap_err().to_string();
+    assert!(err.contains("only a side of a mirror"), "{err}");
+    store.sync().unwrap();
+    drop(store);
+    pool.export().unwrap();
+    devs[0].set_gone(true);
+    devs.push(new);
+    let (_pool, store) = reimport(&devs);
+    verify(&store, &model).unwrap();
+}

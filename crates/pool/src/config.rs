@@ -101,6 +101,10 @@ pub struct PoolConfig {
     /// Usable bytes of every leaf's data area (the smallest member's).
     pub leaf_asize: u64,
     pub vdevs: Vec<TopConfig>,
+    /// Guid sums of the configurations before the last device changes (replace, attach,
+    /// detach, a hot spare): uberblocks written before a change carry one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prev_guid_sums: Vec<u64>,
 }
 
 impl PoolConfig {
@@ -114,6 +118,17 @@ impl PoolConfig {
     pub fn guid_sum(&self) -> u64 {
         self.leaves()
             .fold(self.guid, |acc, (_, l)| acc.wrapping_add(l.guid))
+    }
+
+    /// Changes the devices with `f`, remembering the guid sum before (the last eight).
+    pub fn change_devices(&mut self, f: impl FnOnce(&mut PoolConfig)) {
+        let before = self.guid_sum();
+        f(self);
+        if self.guid_sum() != before {
+            self.prev_guid_sums.push(before);
+            let excess = self.prev_guid_sums.len().saturating_sub(8);
+            self.prev_guid_sums.drain(..excess);
+        }
     }
 
     pub fn to_json(&self) -> Vec<u8> {

@@ -163,12 +163,15 @@ pub struct Pool {
     pub events: Arc<EventLog>,
     config: Mutex<PoolConfig>,
     pub blocks: Arc<BlockStore>,
-    tops: Vec<(VdevClass, Arc<TopVdev>)>,
+    tops: parking_lot::RwLock<Vec<(VdevClass, Arc<TopVdev>)>>,
     txg: TxgManager,
     meta: Mutex<Meta>,
     syncer: Mutex<Option<Arc<dyn Syncer>>>,
     sync_thread: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// The devices changed since the last commit: the next sync commits even if nothing else
+    /// is dirty (see `commit_device_change`).
+    config_changed: AtomicBool,
     /// Messages for the user gathered on import (missing devices, rewinds).
     pub import_notes: Vec<String>,
 }
@@ -255,8 +258,9 @@ impl Pool {
         self.config.lock().ashift
     }
 
-    pub fn tops(&self) -> &[(VdevClass, Arc<TopVdev>)] {
-        &self.tops
+    /// The top-level vdevs (a copy: `attach` and `detach` change a vdev's shape).
+    pub fn tops(&self) -> Vec<(VdevClass, Arc<TopVdev>)> {
+        self.tops.read().clone()
     }
 
     /// Creates a pool on `devices` (name in the spec → opened device).
@@ -379,6 +383,7 @@ impl Pool {
             ashift: opts.ashift,
             leaf_asize,
             vdevs,
+            prev_guid_sums: Vec::new(),
         };
         let devs: HashMap<u64, DeviceRef> = config
             .leaves()
@@ -389,7 +394,7 @@ impl Pool {
             pool.write_config(PoolState::Active)?;
             {
                 let mut alloc = pool.blocks.alloc.lock();
-                for (class, top) in &pool.tops {
+                for (class, top) in &pool.tops() {
                     alloc.add_vdev(
                         top.id,
                         top.space(),
@@ -513,19 +518,20 @@ impl Pool {
             events,
             config: Mutex::new(config),
             blocks: Arc::new(BlockStore::new(slots, SpaceAllocator::new())),
-            tops,
+            tops: parking_lot::RwLock::new(tops),
             txg: TxgManager::new(open_txg, tunables),
             meta: Mutex::new(Meta::default()),
             syncer: Mutex::new(None),
             sync_thread: Mutex::new(None),
             closed: AtomicBool::new(false),
+            config_changed: AtomicBool::new(false),
             import_notes: notes,
         })
     }
 
     /// A leaf by path (as `status` shows it) or guid, with its top-level vdev.
     fn find_leaf(&self, name: &str) -> Result<(Arc<TopVdev>, Arc<Leaf>), PoolError> {
-        for (_, top) in &self.tops {
+        for (_, top) in &self.tops() {
             for leaf in &top.leaves {
                 let is = |path: &str, guid: u64| {
                     path == name
@@ -647,31 +653,8 @@ impl Pool {
                 "cannot replace {old} with {new_path}: {why}"
             )))
         };
-        let asize = self.config.lock().leaf_asize;
-        if usable_size(dev.size()) < asize {
-            return refuse(format!(
-                "the device is too small ({} bytes of data area, the pool's devices have {asize})",
-                usable_size(dev.size())
-            ));
-        }
-        if self
-            .leaves()
-            .any(|l| l.path() == new_path && !Arc::ptr_eq(l, &leaf))
-        {
-            return refuse("it is already a device of this pool".into());
-        }
-        if let Some(label) = label::best_label(dev.as_ref()) {
-            let mine = label.pool_guid == self.guid();
-            if mine && label.leaf_guid == leaf.guid() && leaf.is_usable() {
-                return refuse("it is the same device; use 'online' or 'clear'".into());
-            }
-            if !mine && label.config.state != PoolState::Destroyed && !force {
-                return refuse(format!(
-                    "it belongs to pool '{}' ({}); use -f to overwrite it",
-                    label.config.name,
-                    label.config.state.name()
-                ));
-            }
+        if let Err(why) = self.check_new_device(new_path, &dev, Some(&leaf), force) {
+            return refuse(why);
         }
         let lacking = top
             .leaves
@@ -710,23 +693,25 @@ impl Pool {
             }
         }
         {
-            let mut cfg = self.config.lock();
-            for tc in cfg
-                .vdevs
-                .iter_mut()
-                .filter(|tc| tc.class != VdevClass::Spare)
-            {
-                for lc in &mut tc.children {
-                    if lc.guid == old_guid {
-                        lc.guid = guid;
-                        lc.path = new_path.to_string();
-                        lc.offline = false;
-                        lc.spare_for = None;
+            self.config.lock().change_devices(|cfg| {
+                for tc in cfg
+                    .vdevs
+                    .iter_mut()
+                    .filter(|tc| tc.class != VdevClass::Spare)
+                {
+                    for lc in &mut tc.children {
+                        if lc.guid == old_guid {
+                            lc.guid = guid;
+                            lc.path = new_path.to_string();
+                            lc.offline = false;
+                            lc.spare_for = None;
+                        }
                     }
                 }
-            }
+            });
         }
         self.write_config(PoolState::Active)?;
+        self.commit_device_change();
         self.events.post(
             "resource.fs.zfs.statechange",
             Some(new_path),
@@ -738,12 +723,12 @@ impl Pool {
     /// Whether a failed data device has no spare yet while one is available.
     fn spare_wanted(&self) -> bool {
         let free = self
-            .tops
+            .tops()
             .iter()
             .filter(|(c, _)| *c == VdevClass::Spare)
             .any(|(_, t)| t.leaves.iter().any(|l| l.is_usable()));
         free && self
-            .tops
+            .tops()
             .iter()
             .filter(|(c, _)| *c == VdevClass::Normal)
             .flat_map(|(_, t)| t.leaves.iter())
@@ -755,9 +740,210 @@ impl Pool {
             })
     }
 
+    /// Why a device cannot join the pool (at `new_path`, in the place of `replacing`), if it
+    /// cannot: too small, already a device of this pool, or of another pool (without force).
+    fn check_new_device(
+        &self,
+        new_path: &str,
+        dev: &DeviceRef,
+        replacing: Option<&Arc<Leaf>>,
+        force: bool,
+    ) -> Result<(), String> {
+        let asize = self.config.lock().leaf_asize;
+        if usable_size(dev.size()) < asize {
+            return Err(format!(
+                "the device is too small ({} bytes of data area, the pool's devices have {asize})",
+                usable_size(dev.size())
+            ));
+        }
+        let same = |l: &Arc<Leaf>| replacing.is_some_and(|r| Arc::ptr_eq(l, r));
+        if self
+            .leaves()
+            .iter()
+            .any(|l| l.path() == new_path && !same(l))
+        {
+            return Err("it is already a device of this pool".into());
+        }
+        if let Some(label) = label::best_label(dev.as_ref()) {
+            let mine = label.pool_guid == self.guid();
+            let same_leaf = replacing.is_some_and(|l| l.guid() == label.leaf_guid && l.is_usable());
+            if mine
+                && (same_leaf || replacing.is_none())
+                && label.config.state != PoolState::Destroyed
+            {
+                return Err(if same_leaf {
+                    "it is the same device; use 'online' or 'clear'".into()
+                } else {
+                    "it is a device of this pool".into()
+                });
+            }
+            if !mine && label.config.state != PoolState::Destroyed && !force {
+                return Err(format!(
+                    "it belongs to pool '{}' ({}); use -f to overwrite it",
+                    label.config.name,
+                    label.config.state.name()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts a reshaped top-level vdev in place (`attach`, `detach`) and records its shape.
+    fn swap_top(
+        &self,
+        top: Arc<TopVdev>,
+        kind: TopKind,
+        children: Vec<LeafConfig>,
+    ) -> Result<(), PoolError> {
+        {
+            let mut tops = self.tops.write();
+            for entry in tops.iter_mut() {
+                if entry.1.id == top.id {
+                    entry.1 = top.clone();
+                }
+            }
+        }
+        self.blocks.set_vdev(top.clone());
+        self.config.lock().change_devices(|cfg| {
+            if let Some(tc) = cfg.vdevs.iter_mut().find(|tc| tc.id == top.id) {
+                tc.kind = kind;
+                tc.children = children;
+            }
+        });
+        self.write_config(PoolState::Active)?;
+        self.commit_device_change();
+        Ok(())
+    }
+
+    /// After a device change: the next txg commits at once, so an uberblock with the new
+    /// configuration's guid sum exists (import also accepts the previous sums).
+    fn commit_device_change(&self) {
+        self.config_changed.store(true, Ordering::Release);
+        self.note_change();
+    }
+
+    /// Attaches a new device to `existing`, as `zpool attach` does: a top-level disk becomes
+    /// a two-way mirror, a mirror gains a side. The new side lacks every txg until resilvered
+    /// (returned). Only disks and mirrors of the data vdevs take one.
+    pub fn attach(
+        &self,
+        existing: &str,
+        new_path: &str,
+        dev: DeviceRef,
+        force: bool,
+    ) -> Result<(u64, u64), PoolError> {
+        let (top, _) = self.find_leaf(existing)?;
+        let refuse = |why: String| {
+            Err(PoolError::InvalidArgument(format!(
+                "cannot attach {new_path} to {existing}: {why}"
+            )))
+        };
+        let class = self
+            .tops()
+            .iter()
+            .find(|(_, t)| t.id == top.id)
+            .map(|(c, _)| *c);
+        if class != Some(VdevClass::Normal) {
+            return refuse("only devices of the data vdevs take a mirror side".into());
+        }
+        if matches!(top.layout, Layout::Raidz(_)) {
+            return refuse(format!(
+                "can only attach to mirrors and top-level disks, not to a {} child",
+                top.type_name()
+            ));
+        }
+        if let Err(why) = self.check_new_device(new_path, &dev, None, force) {
+            return refuse(why);
+        }
+        let asize = self.config.lock().leaf_asize;
+        let leaf = Leaf::new(new_guid(), new_path.to_string(), asize, Some(dev));
+        leaf.set_events(self.events.clone());
+        let open = self.txg.open_txg();
+        leaf.set_dtl(Some((1, open)));
+        let mut leaves = top.leaves.clone();
+        leaves.push(leaf.clone());
+        let mut children = self
+            .config
+            .lock()
+            .vdevs
+            .iter()
+            .find(|tc| tc.id == top.id)
+            .map(|tc| tc.children.clone())
+            .unwrap_or_default();
+        children.push(LeafConfig {
+            guid: leaf.guid(),
+            path: new_path.to_string(),
+            offline: false,
+            spare_for: None,
+        });
+        let reshaped = Arc::new(top.reshaped(Layout::Mirror, leaves));
+        self.swap_top(reshaped, TopKind::Mirror, children)?;
+        self.events.post(
+            "resource.fs.zfs.statechange",
+            Some(new_path),
+            format!(
+                "attached_to=\"{existing}\" to=ONLINE reason=\"lacks every txg until resilvered\""
+            ),
+        );
+        Ok((1, open))
+    }
+
+    /// Detaches a side of a mirror (a two-way mirror becomes a disk); refused when no other
+    /// side holds every block. The detached device's labels are cleared.
+    pub fn detach(&self, name: &str) -> Result<(), PoolError> {
+        let (top, leaf) = self.find_leaf(name)?;
+        let refuse = |why: String| {
+            Err(PoolError::InvalidArgument(format!(
+                "cannot detach {name}: {why}"
+            )))
+        };
+        if !matches!(top.layout, Layout::Mirror) {
+            return refuse("only a side of a mirror can be detached".into());
+        }
+        let rest: Vec<Arc<Leaf>> = top
+            .leaves
+            .iter()
+            .filter(|l| !Arc::ptr_eq(l, &leaf))
+            .cloned()
+            .collect();
+        if !rest.iter().any(|l| l.is_usable() && !l.is_resilvering()) {
+            return refuse("no other side holds every block (it is the only valid copy)".into());
+        }
+        let children: Vec<LeafConfig> = self
+            .config
+            .lock()
+            .vdevs
+            .iter()
+            .find(|tc| tc.id == top.id)
+            .map(|tc| {
+                tc.children
+                    .iter()
+                    .filter(|lc| lc.guid != leaf.guid())
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (layout, kind) = if rest.len() == 1 {
+            (Layout::Disk, TopKind::Disk)
+        } else {
+            (Layout::Mirror, TopKind::Mirror)
+        };
+        let reshaped = Arc::new(top.reshaped(layout, rest));
+        self.swap_top(reshaped, kind, children)?;
+        if let Some(dev) = leaf.take_device() {
+            let _ = label::clear_labels(dev.as_ref());
+        }
+        self.events.post(
+            "resource.fs.zfs.statechange",
+            Some(&leaf.path()),
+            "detached".into(),
+        );
+        Ok(())
+    }
+
     /// The hot spare with this guid.
     fn spare_leaf(&self, guid: u64) -> Option<Arc<Leaf>> {
-        self.tops
+        self.tops()
             .iter()
             .filter(|(c, _)| *c == VdevClass::Spare)
             .flat_map(|(_, t)| t.leaves.iter())
@@ -771,7 +957,7 @@ impl Pool {
     pub fn activate_spares(&self) -> Result<Vec<(String, String)>, PoolError> {
         let mut done = Vec::new();
         let asize = self.config.lock().leaf_asize;
-        for (_, top) in self.tops.iter().filter(|(c, _)| *c == VdevClass::Normal) {
+        for (_, top) in self.tops().iter().filter(|(c, _)| *c == VdevClass::Normal) {
             for leaf in &top.leaves {
                 let failed = matches!(
                     leaf.state(),
@@ -781,7 +967,7 @@ impl Pool {
                     continue;
                 }
                 let Some(spare) = self
-                    .tops
+                    .tops()
                     .iter()
                     .filter(|(c, _)| *c == VdevClass::Spare)
                     .flat_map(|(_, t)| t.leaves.iter())
@@ -800,8 +986,7 @@ impl Pool {
                 let open = self.txg.open_txg();
                 leaf.replace_device(spare.guid(), spare.path(), dev, open);
                 leaf.set_spare_for(Some((orig_guid, orig_path.clone())));
-                {
-                    let mut cfg = self.config.lock();
+                self.config.lock().change_devices(|cfg| {
                     for tc in cfg
                         .vdevs
                         .iter_mut()
@@ -815,7 +1000,8 @@ impl Pool {
                             }
                         }
                     }
-                }
+                });
+                self.config_changed.store(true, Ordering::Release);
                 self.write_config(PoolState::Active)?;
                 self.events.post(
                     "sysevent.fs.zfs.vdev_spare",
@@ -833,7 +1019,7 @@ impl Pool {
     pub fn clear(&self, name: Option<&str>) -> Result<Vec<MissedTxgs>, PoolError> {
         let leaves: Vec<Arc<Leaf>> = match name {
             Some(n) => vec![self.find_leaf(n)?.1],
-            None => self.leaves().cloned().collect(),
+            None => self.leaves(),
         };
         let mut missed = Vec::new();
         for leaf in leaves {
@@ -847,12 +1033,15 @@ impl Pool {
         Ok(missed)
     }
 
-    fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
-        self.tops.iter().flat_map(|(_, t)| t.leaves.iter())
+    fn leaves(&self) -> Vec<Arc<Leaf>> {
+        self.tops()
+            .iter()
+            .flat_map(|(_, t)| t.leaves.iter().cloned())
+            .collect()
     }
 
     fn top_guid_of(&self, leaf: &Leaf) -> u64 {
-        self.tops
+        self.tops()
             .iter()
             .find(|(_, t)| t.leaves.iter().any(|l| l.guid() == leaf.guid()))
             .map(|(_, t)| t.guid)
@@ -876,7 +1065,7 @@ impl Pool {
                         dev.as_ref(),
                         &cfg,
                         leaf.guid(),
-                        self.top_guid_of(leaf),
+                        self.top_guid_of(&leaf),
                         &half,
                     )
                     .and_then(|_| dev.flush().map_err(PoolError::from));
@@ -1036,7 +1225,7 @@ impl Pool {
         }
         let tunables = opts.tunables.unwrap_or_default();
         let mut pool = Self::assemble(config.clone(), &devs, tunables, 1, notes)?;
-        for (class, top) in &pool.tops {
+        for (class, top) in &pool.tops() {
             if *class == VdevClass::Normal && !top.readable() {
                 let missing: Vec<String> = top
                     .leaves
@@ -1057,7 +1246,11 @@ impl Pool {
         // labels may hold a newer one (a replaced device) not yet in any uberblock.
         let guid_sums: Vec<u64> = mine
             .iter()
-            .map(|(l, _)| l.config.guid_sum())
+            .flat_map(|(l, _)| {
+                let mut sums = l.config.prev_guid_sums.clone();
+                sums.push(l.config.guid_sum());
+                sums
+            })
             .chain([config.guid_sum()])
             .collect();
         let mut ubs: Vec<Uberblock> = Vec::new();
@@ -1111,7 +1304,7 @@ impl Pool {
                     }
                     // Reset what a failed load may have set up.
                     pool.blocks = Arc::new(BlockStore::new(
-                        pool.tops.iter().map(|(_, t)| Some(t.clone())).collect(),
+                        pool.tops().iter().map(|(_, t)| Some(t.clone())).collect(),
                         SpaceAllocator::new(),
                     ));
                     *pool.meta.lock() = Meta::default();
@@ -1223,7 +1416,7 @@ impl Pool {
             ));
         }
         let mut alloc = SpaceAllocator::new();
-        for (class, top) in &self.tops {
+        for (class, top) in &self.tops() {
             alloc.add_vdev(
                 top.id,
                 top.space(),
@@ -1315,7 +1508,7 @@ impl Pool {
     /// estimate used only to refuse writes before the pool is full).
     fn inflation(&self) -> f64 {
         let worst = self
-            .tops
+            .tops()
             .iter()
             .filter(|(c, _)| *c == VdevClass::Normal)
             .map(|(_, t)| t.asize(128 << 10) as f64 / (128u64 << 10) as f64)
@@ -1438,7 +1631,8 @@ impl Pool {
         let syncer = self.syncer.lock().clone();
         let txg = {
             let _gate = self.txg.gate.write();
-            let history = !self.meta.lock().history_pending.is_empty();
+            let history = !self.meta.lock().history_pending.is_empty()
+                || self.config_changed.swap(false, Ordering::AcqRel);
             let dirty = syncer.as_ref().is_some_and(|s| s.is_dirty());
             let mut inner = self.txg.inner.lock();
             if !dirty && !history {
@@ -1666,7 +1860,7 @@ impl Pool {
         let size = a.size();
         let free = a.free_bytes();
         let usable = self
-            .tops
+            .tops()
             .iter()
             .filter(|(c, _)| *c == VdevClass::Normal)
             .map(|(_, t)| t.capacity())
@@ -1686,7 +1880,7 @@ impl Pool {
             return "SUSPENDED";
         }
         let mut state = "ONLINE";
-        for (class, top) in self.tops.iter().filter(|(c, _)| *c != VdevClass::Spare) {
+        for (class, top) in self.tops().iter().filter(|(c, _)| *c != VdevClass::Spare) {
             match (top.state(), class) {
                 (VdevState::Online, _) => {}
                 (VdevState::Degraded, _) => state = "DEGRADED",
@@ -1699,7 +1893,7 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         let spares: Vec<u64> = self
-            .tops
+            .tops()
             .iter()
             .filter(|(c, _)| *c == VdevClass::Spare)
             .flat_map(|(_, t)| t.leaves.iter().map(|l| l.guid()))
@@ -1773,7 +1967,7 @@ impl Pool {
         let name = self.name();
         let mut config = Vec::new();
         let mut sections: Vec<(String, Vec<VdevStatus>)> = Vec::new();
-        for (class, top) in &self.tops {
+        for (class, top) in &self.tops() {
             match class.section() {
                 None => config.push(top_status(top)),
                 Some(s) => match sections.iter_mut().find(|(n, _)| n == s) {
@@ -1796,7 +1990,7 @@ impl Pool {
                 Some("One or more devices could not be used or has failed. The pool continues without full redundancy.".to_string()),
                 Some("Replace the failed devices, or reattach missing ones and import the pool again.".to_string()),
             )
-        } else if self.leaves().any(|l| {
+        } else if self.leaves().iter().any(|l| {
             let s = l.stats.snapshot();
             s.read_errors + s.write_errors + s.cksum_errors > 0
         }) {
@@ -1835,7 +2029,7 @@ impl Pool {
 
     /// Leaves for tests and tools: (top id, leaf).
     pub fn leaf_list(&self) -> Vec<(u32, Arc<Leaf>)> {
-        self.tops
+        self.tops()
             .iter()
             .flat_map(|(_, t)| t.leaves.iter().map(move |l| (t.id, l.clone())))
             .collect()

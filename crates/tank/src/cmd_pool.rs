@@ -45,6 +45,26 @@ pub enum PoolCmd {
     /// Replace a device by a new one (or by itself after a disk swap); the new device is
     /// resilvered from the others.
     Replace(ReplaceArgs),
+    /// Attach a device to a disk (making a mirror) or to a mirror (one side more).
+    Attach(AttachArgs),
+    /// Detach a side of a mirror.
+    Detach(DeviceArgs),
+}
+
+#[derive(Args)]
+pub struct AttachArgs {
+    /// Use the new device even if it appears to belong to another pool.
+    #[arg(short = 'f')]
+    force: bool,
+    /// Create the new device file, sparse, of this size (e.g. 4G).
+    #[arg(long)]
+    size: Option<String>,
+    /// Wait until the resilver is done (always so without the daemon).
+    #[arg(short = 'w')]
+    wait: bool,
+    name: String,
+    existing: String,
+    new: String,
 }
 
 #[derive(Args)]
@@ -229,6 +249,8 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
         PoolCmd::Clear(a) => clear(a),
         PoolCmd::Resilver(a) => resilver(a),
         PoolCmd::Replace(a) => replace(a),
+        PoolCmd::Attach(a) => attach(a),
+        PoolCmd::Detach(a) => detach(a),
     }
 }
 
@@ -842,6 +864,56 @@ fn replace(a: ReplaceArgs) -> Result<()> {
             a.old
         );
         resilver_missed(&opened, a.wait)
+    })();
+    opened.close()?;
+    result
+}
+
+fn attach(a: AttachArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let result = (|| -> Result<()> {
+        let size = a.size.as_deref().map(parse_size).transpose()?;
+        let new_abs = crate::pools::absolute(&a.new)?;
+        if opened
+            .pool
+            .leaf_list()
+            .iter()
+            .any(|(_, l)| l.path() == new_abs)
+        {
+            bail!(
+                "cannot attach {} to {}: it is already a device of this pool",
+                a.new,
+                a.existing
+            );
+        }
+        let mut devs = open_for_create(std::slice::from_ref(&a.new), size)?;
+        let dev = devs.remove(&a.new).expect("opened");
+        let (first, last) = opened.pool.attach(&a.existing, &new_abs, dev, a.force)?;
+        opened.pool.log_history(&crate::command_line());
+        let mut cache = PoolCache::load(&data_dir())?;
+        cache.upsert(cache_entry(&opened.pool));
+        cache.save(&data_dir())?;
+        outln!(
+            "{new_abs} attached to {}; it lacks txgs {first}..={last} until the resilver rebuilt it",
+            a.existing
+        );
+        resilver_missed(&opened, a.wait)
+    })();
+    opened.close()?;
+    result
+}
+
+fn detach(a: DeviceArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let result = (|| -> Result<()> {
+        opened.pool.detach(&a.device)?;
+        opened.pool.log_history(&crate::command_line());
+        opened.store.sync()?;
+        let mut cache = PoolCache::load(&data_dir())?;
+        cache.upsert(cache_entry(&opened.pool));
+        cache.save(&data_dir())?;
+        outln!("{} detached from pool '{}'", a.device, a.name);
+        Ok(())
     })();
     opened.close()?;
     result

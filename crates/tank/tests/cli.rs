@@ -663,3 +663,37 @@ fn offline_online_and_clear_resilver_what_was_missed() {
     let hist = env.ok(&["pool", "history", "op"]);
     assert!(hist.contains("resilver done"), "{hist}");
 }
+
+#[test]
+fn attach_and_detach_reshape_mirrors() {
+    let env = Env::new();
+    env.ok(&["pool", "create", "--size", "96M", "ap", "a0"]);
+    let blob: Vec<u8> = (0..4u32 << 20).map(|i| ((i * 7) >> 5) as u8).collect();
+    std::fs::write(env.path("blob"), &blob).unwrap();
+    env.ok(&["debug", "object", "write", "ap", "blob"]);
+    let out = env.ok(&["pool", "attach", "--size", "96M", "ap", "a0", "a1"]);
+    assert!(
+        out.contains("attached") && out.contains("resilvered"),
+        "{out}"
+    );
+    let status = env.ok(&["pool", "status", "ap"]);
+    assert!(
+        status.contains("mirror-0") && status.contains("state: ONLINE"),
+        "{status}"
+    );
+    env.fails(
+        &["pool", "attach", "ap", "a0", "a1"],
+        "already a device of this pool",
+    );
+    env.ok(&["pool", "detach", "ap", "a0"]);
+    env.fails(&["pool", "detach", "ap", "a1"], "only a side of a mirror");
+    let back = env.run(&["debug", "object", "read", "ap", "1"]);
+    assert!(back.status.success() && back.stdout == blob);
+    let mut args = vec!["pool", "create", "--size", "96M", "rp", "raidz1"];
+    args.extend(["r0", "r1", "r2"]);
+    env.ok(&args);
+    env.fails(
+        &["pool", "attach", "--size", "96M", "rp", "r0", "r3"],
+        "can only attach to mirrors and top-level disks",
+    );
+}

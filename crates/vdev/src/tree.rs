@@ -129,6 +129,21 @@ impl TopVdev {
         }
     }
 
+    /// The same vdev (id, guid, address space) with another shape: a disk that became a
+    /// mirror, a mirror with a side more or less (`attach`, `detach`). Disks and mirrors
+    /// map their address space one to one onto every leaf, so blocks stay where they are.
+    pub fn reshaped(&self, layout: Layout, leaves: Vec<Arc<Leaf>>) -> TopVdev {
+        assert!(!matches!(layout, Layout::Raidz(_)) && !matches!(self.layout, Layout::Raidz(_)));
+        TopVdev::new(
+            self.id,
+            self.guid,
+            layout,
+            leaves,
+            self.ashift,
+            self.codec.clone(),
+        )
+    }
+
     pub fn sector(&self) -> u64 {
         1 << self.ashift
     }
