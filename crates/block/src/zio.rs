@@ -517,7 +517,11 @@ impl BlockStore {
             }
             for (vdev, dva, read) in &mut reads {
                 match (read.as_ref(), &good) {
-                    (Some(r), _) => vdev.queue_fixes(&r.fixes, &batch),
+                    (Some(r), _) => {
+                        // Live: what the devices returned wrong counts now.
+                        vdev.count_fix_errors(&r.fixes);
+                        vdev.queue_fixes(&r.fixes, &batch)
+                    }
                     // A copy that could not be read at all is rewritten from a good one.
                     (None, Some(good))
                         if vdev.readable() && vdev.write(dva.offset, good, &batch).is_ok() =>

@@ -199,6 +199,8 @@ pub struct Scanner {
     live: Mutex<(Option<Instant>, u64, Counters)>,
     roots: Mutex<Option<Arc<dyn ScanRoots>>>,
     region_budget: AtomicUsize,
+    /// Bytes rewritten on the resilvered devices when the current verifying pass began.
+    verify_base: Mutex<u64>,
 }
 
 impl std::fmt::Debug for Scanner {
@@ -555,6 +557,13 @@ fn scan_thread(weak: Weak<ObjectStore>) {
     let scanner = &store.scanner;
     store.blocks().alloc.lock().watch_frees();
     let issued = scanner.state.lock().issued;
+    // A verifying pass resumed (after an import): its base is the counters as they are now.
+    {
+        let st = scanner.state.lock();
+        if st.verifying {
+            *scanner.verify_base.lock() = resilvered_bytes(&store, &st);
+        }
+    }
     *scanner.live.lock() = (Some(Instant::now()), issued, Counters::default());
     let mut last = Instant::now();
     let account = |last: &mut Instant| {
@@ -651,7 +660,10 @@ fn scan_thread(weak: Weak<ObjectStore>) {
 fn next_verify_pass(store: &ObjectStore, st: &mut ScanState) -> bool {
     if st.verifying {
         st.verified = st.issued - st.rebuilt;
-        st.verify_repaired = st.repaired - st.rebuilt_repaired;
+        // What the pass rewrote on the resilvered devices: other devices' faults (a read
+        // error, a flipped bit) say nothing about the rebuild.
+        st.verify_repaired =
+            resilvered_bytes(store, st).saturating_sub(*store.scanner.verify_base.lock());
         if st.verify_repaired == 0 || st.verify_passes >= 3 {
             return false;
         }
@@ -668,7 +680,19 @@ fn next_verify_pass(store: &ObjectStore, st: &mut ScanState) -> bool {
     st.rebuilt = st.issued;
     st.rebuilt_repaired = st.repaired;
     st.cursor = (0, 0);
+    *store.scanner.verify_base.lock() = resilvered_bytes(store, st);
     true
+}
+
+/// Bytes rewritten so far on the devices a resilver rebuilds (their repair counters).
+fn resilvered_bytes(store: &ObjectStore, st: &ScanState) -> u64 {
+    store
+        .pool()
+        .leaf_list()
+        .iter()
+        .filter(|(_, l)| st.leaves.iter().any(|r| r.0 == l.guid()))
+        .map(|(_, l)| l.stats.snapshot().repaired_bytes)
+        .sum()
 }
 
 /// Marks the resilvered leaves whole (when the last verifying pass found everything in

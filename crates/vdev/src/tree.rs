@@ -81,6 +81,8 @@ pub struct Fix {
     /// Offset in the leaf's data area.
     pub offset: u64,
     pub data: Arc<Vec<u8>>,
+    /// The device returned wrong bytes (a CKSUM error), rather than an error or nothing.
+    pub cksum: bool,
 }
 
 /// What a verifying read of every copy of a block found (see [`TopVdev::scrub_read`]).
@@ -295,23 +297,26 @@ impl TopVdev {
                     good = Some(buf);
                     break;
                 }
-                Ok(_) => {
-                    leaf.count_cksum_error(offset, len);
-                    fixes.push(idx);
-                }
-                Err(_) => fixes.push(idx),
+                Ok(_) => fixes.push((idx, true)),
+                Err(_) => fixes.push((idx, false)),
             }
         }
         let Some(buf) = good else {
+            for &(idx, cksum) in &fixes {
+                if cksum {
+                    self.leaves[idx].count_cksum_error(offset, len);
+                }
+            }
             return Err(self.unrecoverable(offset, len));
         };
         let shared = Arc::new(buf.clone());
         let fixes: Vec<Fix> = fixes
             .into_iter()
-            .map(|leaf| Fix {
+            .map(|(leaf, cksum)| Fix {
                 leaf,
                 offset,
                 data: shared.clone(),
+                cksum,
             })
             .collect();
         let report = ReadReport {
@@ -334,10 +339,19 @@ impl TopVdev {
         if fixes.is_empty() {
             return 0;
         }
+        self.count_fix_errors(fixes);
         let batch = IoBatch::new();
         self.queue_fixes(fixes, &batch);
         let failed = batch.wait();
         self.count_repaired(fixes, &failed).0
+    }
+
+    /// Counts the CKSUM errors the fixes stand for (once the block is known to be live: a
+    /// scan counts them only after checking the block was not freed under it).
+    pub fn count_fix_errors(&self, fixes: &[Fix]) {
+        for f in fixes.iter().filter(|f| f.cksum) {
+            self.leaves[f.leaf].count_cksum_error(f.offset, f.data.len() as u64);
+        }
     }
 
     /// Queues the writes of `fixes` (to the leaves that can take them).
@@ -441,7 +455,8 @@ impl TopVdev {
 
     /// Rebuilds a RAID-Z block from its columns (`None`: unreadable), guided by the
     /// checksum; every column that differs from the block's true encoding becomes a fix
-    /// (and a CKSUM error when its device returned it without an error).
+    /// (a CKSUM error when its device returned it without an error; counted by whoever
+    /// applies the fixes).
     fn reconstruct(
         &self,
         map: &crate::raidz::RaidzMap,
@@ -458,15 +473,12 @@ impl TopVdev {
             let mut good_cols = encode_map(&self.codec, map, &rec.data);
             for &i in &rec.bad_cols {
                 let col = &map.cols[i];
-                let leaf = &self.leaves[col.child];
-                if !missing[i] {
-                    leaf.count_cksum_error(col.offset, col.size);
-                }
-                if leaf.is_usable() {
+                if self.leaves[col.child].is_usable() {
                     fixes.push(Fix {
                         leaf: col.child,
                         offset: col.offset,
                         data: Arc::new(std::mem::take(&mut good_cols[i])),
+                        cksum: !missing[i],
                     });
                 }
             }
@@ -488,8 +500,9 @@ impl TopVdev {
         match &self.layout {
             Layout::Disk | Layout::Mirror => {
                 // Sides that lack the block's txg are not read, only rewritten.
-                let mut bad: Vec<usize> = (0..self.leaves.len())
+                let mut bad: Vec<(usize, bool)> = (0..self.leaves.len())
                     .filter(|&i| self.leaves[i].is_usable() && self.leaves[i].is_stale(birth))
+                    .map(|i| (i, false))
                     .collect();
                 let pending: Vec<_> = self
                     .leaves
@@ -507,11 +520,10 @@ impl TopVdev {
                             if verify(&buf) {
                                 good.get_or_insert(buf);
                             } else {
-                                self.leaves[i].count_cksum_error(offset, len);
-                                bad.push(i);
+                                bad.push((i, true));
                             }
                         }
-                        None => bad.push(i),
+                        None => bad.push((i, false)),
                     }
                 }
                 let data = good.ok_or_else(|| self.unrecoverable(offset, len))?;
@@ -521,10 +533,11 @@ impl TopVdev {
                     read_bytes,
                     fixes: bad
                         .into_iter()
-                        .map(|leaf| Fix {
+                        .map(|(leaf, cksum)| Fix {
                             leaf,
                             offset,
                             data: shared.clone(),
+                            cksum,
                         })
                         .collect(),
                     combinations: 0,
