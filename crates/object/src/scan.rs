@@ -704,6 +704,12 @@ fn finish_resilver(store: &ObjectStore, st: &ScanState) {
             leaf.set_resilvered();
         }
     }
+    if whole {
+        // The labels stop recording what the devices lacked.
+        if let Err(e) = store.pool().resilvered() {
+            tracing_error(&format!("cannot record the finished resilver: {e}"));
+        }
+    }
     store.pool().log_history(&format!(
         "resilver done: rebuilt {} bytes, verified {} bytes ({} rewritten by verification), {} errors",
         st.rebuilt_repaired, st.verified, st.verify_repaired, st.errors

@@ -73,6 +73,10 @@ pub struct LeafConfig {
     /// guid and path of the failed device it stands in for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spare_for: Option<(u64, String)>,
+    /// Txgs [first, last] whose blocks the device lacks until a resilver finishes (its dirty
+    /// time log, kept here because a device being rebuilt receives uberblocks again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtl: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +109,10 @@ pub struct PoolConfig {
     /// detach, a hot spare): uberblocks written before a change carry one of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prev_guid_sums: Vec<u64>,
+    /// The `autoreplace` pool property: a blank device found where a missing one was is
+    /// put in its place (and resilvered).
+    #[serde(default)]
+    pub autoreplace: bool,
 }
 
 impl PoolConfig {

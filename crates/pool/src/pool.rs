@@ -352,6 +352,7 @@ impl Pool {
                         path,
                         offline: false,
                         spare_for: None,
+                        dtl: None,
                     })
                     .collect(),
             });
@@ -384,6 +385,7 @@ impl Pool {
             leaf_asize,
             vdevs,
             prev_guid_sums: Vec::new(),
+            autoreplace: false,
         };
         let devs: HashMap<u64, DeviceRef> = config
             .leaves()
@@ -463,6 +465,7 @@ impl Pool {
                 .map(|lc| {
                     let leaf = Leaf::new(lc.guid, lc.path.clone(), config.leaf_asize, None);
                     leaf.set_spare_for(lc.spare_for.clone());
+                    leaf.set_dtl(lc.dtl);
                     if tc.class == VdevClass::Spare {
                         if let Some(orig) = lent.get(&lc.guid) {
                             leaf.set_state(VdevState::Inuse, Some(format!("in use for {orig}")));
@@ -875,6 +878,7 @@ impl Pool {
             path: new_path.to_string(),
             offline: false,
             spare_for: None,
+            dtl: Some((1, open)),
         });
         let reshaped = Arc::new(top.reshaped(Layout::Mirror, leaves));
         self.swap_top(reshaped, TopKind::Mirror, children)?;
@@ -939,6 +943,53 @@ impl Pool {
             "detached".into(),
         );
         Ok(())
+    }
+
+    /// A resilver finished and verified: the devices no longer lack anything; the
+    /// configuration says so.
+    pub fn resilvered(&self) -> Result<(), PoolError> {
+        self.write_config(PoolState::Active)
+    }
+
+    /// Sets the `autoreplace` property (recorded in the labels).
+    pub fn set_autoreplace(&self, on: bool) -> Result<(), PoolError> {
+        self.config.lock().autoreplace = on;
+        self.write_config(PoolState::Active)
+    }
+
+    /// With `autoreplace` on: every missing device (no device, or one that failed) whose
+    /// path now holds a blank device (no label) among `devices` is replaced by it in place.
+    /// Returns the paths replaced; each lacks every txg until resilvered.
+    pub fn autoreplace(&self, devices: &[DeviceRef]) -> Vec<String> {
+        if !self.config.lock().autoreplace {
+            return Vec::new();
+        }
+        let mut done = Vec::new();
+        for leaf in self.leaves() {
+            let missing = matches!(
+                leaf.state(),
+                VdevState::Unavail | VdevState::Removed | VdevState::Faulted
+            );
+            if !missing || leaf.device().is_some() || leaf.spare_for().is_some() {
+                continue;
+            }
+            let path = leaf.path();
+            let Some(dev) = devices
+                .iter()
+                .find(|d| d.name() == path && label::best_label(d.as_ref()).is_none())
+            else {
+                continue;
+            };
+            if self.replace(&path, &path, dev.clone(), false).is_ok() {
+                self.events.post(
+                    "resource.fs.zfs.autoreplace",
+                    Some(&path),
+                    "a blank device took the missing one's place".into(),
+                );
+                done.push(path);
+            }
+        }
+        done
     }
 
     /// The hot spare with this guid.
@@ -1050,8 +1101,18 @@ impl Pool {
 
     /// Writes the config with `state` to every usable leaf: L0/L2, flush, L1/L3, flush.
     fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
+        // Every leaf's dirty time log goes with the configuration (see `LeafConfig::dtl`).
+        let dtls: HashMap<u64, Option<(u64, u64)>> =
+            self.leaves().iter().map(|l| (l.guid(), l.dtl())).collect();
         let cfg = {
             let mut c = self.config.lock();
+            for tc in c.vdevs.iter_mut().filter(|tc| tc.class != VdevClass::Spare) {
+                for lc in &mut tc.children {
+                    if let Some(dtl) = dtls.get(&lc.guid) {
+                        lc.dtl = *dtl;
+                    }
+                }
+            }
             c.state = state;
             c.hostname = hostname();
             c.txg = c.txg.max(self.txg.synced_txg()) + 1;

@@ -47,8 +47,28 @@ pub enum PoolCmd {
     Replace(ReplaceArgs),
     /// Attach a device to a disk (making a mirror) or to a mirror (one side more).
     Attach(AttachArgs),
+    /// Set a pool property: autoreplace=on|off.
+    Set(PoolSetArgs),
+    /// Show pool properties: all, or a comma-separated list.
+    Get(PoolGetArgs),
     /// Detach a side of a mirror.
     Detach(DeviceArgs),
+}
+
+#[derive(Args)]
+pub struct PoolSetArgs {
+    /// PROPERTY=VALUE
+    assignment: String,
+    name: String,
+}
+
+#[derive(Args)]
+pub struct PoolGetArgs {
+    /// all, or properties separated by commas.
+    props: String,
+    name: String,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -250,6 +270,8 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
         PoolCmd::Resilver(a) => resilver(a),
         PoolCmd::Replace(a) => replace(a),
         PoolCmd::Attach(a) => attach(a),
+        PoolCmd::Set(a) => pool_set(a),
+        PoolCmd::Get(a) => pool_get(a),
         PoolCmd::Detach(a) => detach(a),
     }
 }
@@ -869,6 +891,72 @@ fn replace(a: ReplaceArgs) -> Result<()> {
     result
 }
 
+fn pool_set(a: PoolSetArgs) -> Result<()> {
+    let Some((prop, value)) = a.assignment.split_once('=') else {
+        bail!("expected PROPERTY=VALUE, got '{}'", a.assignment);
+    };
+    if prop != "autoreplace" {
+        bail!("cannot set '{prop}': the settable pool property is autoreplace (ashift is fixed at creation)");
+    }
+    let on = match value {
+        "on" => true,
+        "off" => false,
+        _ => bail!("bad value '{value}' for {prop}: on or off"),
+    };
+    let opened = open_pool(&a.name)?;
+    let r = opened.pool.set_autoreplace(on);
+    if r.is_ok() {
+        opened.pool.log_history(&crate::command_line());
+    }
+    opened.close()?;
+    r?;
+    Ok(())
+}
+
+fn pool_get(a: PoolGetArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let cfg = opened.pool.config();
+    let space = opened.pool.space();
+    let all: Vec<(&str, String, &str)> = vec![
+        ("size", space.size.to_string(), "-"),
+        ("allocated", space.allocated.to_string(), "-"),
+        ("free", space.free.to_string(), "-"),
+        ("health", opened.pool.state().to_string(), "-"),
+        ("guid", cfg.guid.to_string(), "-"),
+        ("ashift", cfg.ashift.to_string(), "local"),
+        (
+            "autoreplace",
+            if cfg.autoreplace { "on" } else { "off" }.to_string(),
+            if cfg.autoreplace { "local" } else { "default" },
+        ),
+    ];
+    opened.close()?;
+    let wanted: Vec<&str> = a.props.split(',').collect();
+    let rows: Vec<&(&str, String, &str)> = all
+        .iter()
+        .filter(|(p, _, _)| a.props == "all" || wanted.contains(p))
+        .collect();
+    if let Some(unknown) = wanted
+        .iter()
+        .find(|w| **w != "all" && !all.iter().any(|(p, _, _)| p == *w))
+    {
+        bail!("no such pool property: '{unknown}'");
+    }
+    if a.json {
+        let m: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(p, v, s)| (p.to_string(), serde_json::json!({"value": v, "source": s})))
+            .collect();
+        outln!("{}", serde_json::Value::Object(m));
+    } else {
+        outln!("{:<8} {:<12} {:<20} SOURCE", "NAME", "PROPERTY", "VALUE");
+        for (p, v, s) in rows {
+            outln!("{:<8} {:<12} {:<20} {s}", a.name, p, v);
+        }
+    }
+    Ok(())
+}
+
 fn attach(a: AttachArgs) -> Result<()> {
     let opened = open_pool(&a.name)?;
     let result = (|| -> Result<()> {
@@ -1066,6 +1154,9 @@ fn import(a: ImportArgs) -> Result<()> {
             tunables: None,
         },
     )?;
+    for path in pool.autoreplace(&devs) {
+        errln!("note: autoreplace: the blank device at {path} replaced the missing one");
+    }
     drop(devs);
     for n in &pool.import_notes {
         errln!("note: {n}");

@@ -186,6 +186,9 @@ pub fn open_pool(name: &str) -> Result<Opened> {
     for p in &problems {
         errln!("warning: {p}");
     }
+    for path in pool.autoreplace(&devs) {
+        errln!("note: autoreplace: the blank device at {path} replaced the missing one");
+    }
     let (store, dsl) = open_datasets(&pool)?;
     Ok(Opened { pool, store, dsl })
 }

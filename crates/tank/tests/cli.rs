@@ -697,3 +697,51 @@ fn attach_and_detach_reshape_mirrors() {
         "can only attach to mirrors and top-level disks",
     );
 }
+
+#[test]
+fn autoreplace_puts_a_blank_disk_in_place_of_a_missing_one() {
+    let env = Env::new();
+    let mut args = vec!["pool", "create", "--size", "96M", "ar", "raidz1"];
+    args.extend(["x0", "x1", "x2"]);
+    env.ok(&args);
+    let blob: Vec<u8> = (0..4u32 << 20).map(|i| (i >> 3) as u8).collect();
+    std::fs::write(env.path("blob"), &blob).unwrap();
+    env.ok(&["debug", "object", "write", "ar", "blob"]);
+    let get = env.ok(&["pool", "get", "autoreplace", "ar"]);
+    assert!(get.contains("autoreplace") && get.contains("off"), "{get}");
+    env.fails(&["pool", "set", "autoreplace=maybe", "ar"], "on or off");
+    env.fails(&["pool", "set", "ashift=9", "ar"], "cannot set 'ashift'");
+    // Off: a blank disk where x1 was is left alone.
+    env.ok(&["pool", "export", "ar"]);
+    let blank = |name: &str| {
+        let f = std::fs::File::create(env.path(name)).unwrap();
+        f.set_len(96 << 20).unwrap();
+    };
+    blank("x1");
+    let import = ["pool", "import", "-d", ".", "ar"];
+    let out = env.run(&import);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("autoreplace"));
+    let status = env.ok(&["pool", "status", "ar"]);
+    assert!(status.contains("DEGRADED"), "{status}");
+    // On: the next time the pool is opened the blank disk takes the missing one's place
+    // (lacking everything, recorded in the labels); a resilver makes the pool whole.
+    env.ok(&["pool", "set", "autoreplace=on", "ar"]);
+    let out = env.run(&["pool", "get", "all", "--json", "ar"]);
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("autoreplace: the blank device"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["autoreplace"]["value"], "on");
+    let status = env.ok(&["pool", "status", "ar"]);
+    assert!(status.contains("resilvering: lacks txgs"), "{status}");
+    let out = env.ok(&["pool", "resilver", "ar"]);
+    assert!(out.contains("resilvered"), "{out}");
+    let status = env.ok(&["pool", "status", "ar"]);
+    assert!(status.contains("state: ONLINE"), "{status}");
+    let back = env.run(&["debug", "object", "read", "ar", "1"]);
+    assert!(back.status.success() && back.stdout == blob);
+}
