@@ -291,9 +291,14 @@ struct Frozen {
 }
 
 /// One object set. See the module documentation.
+/// Where an object set reports an object it found damaged beyond repair: (objset, object).
+pub type ErrorSink = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
 pub struct ObjectSet {
     pub id: u64,
     blocks: Arc<BlockStore>,
+    /// Told of every read that failed for want of a good copy (the pool's error log).
+    error_sink: std::sync::OnceLock<ErrorSink>,
     tree: Mutex<CowTree>,
     /// Data blocks replaced or removed in the open txg.
     open_frees: Mutex<Vec<Arc<BlockRef>>>,
@@ -344,6 +349,7 @@ impl ObjectSet {
         Self {
             id,
             blocks,
+            error_sink: std::sync::OnceLock::new(),
             tree: Mutex::new(CowTree::open(root)),
             open_frees: Mutex::new(Vec::new()),
             open_created: Mutex::new(Vec::new()),
@@ -678,7 +684,22 @@ impl ObjectSet {
     /// Reads up to `len` bytes at `offset`; short at the end of the object. The blocks of a
     /// large read are kept in flight together (up to `READ_PARALLEL`), so every device works
     /// while a single caller streams.
+    /// Sets where reads report objects damaged beyond repair (once).
+    pub fn set_error_sink(&self, sink: ErrorSink) {
+        let _ = self.error_sink.set(sink);
+    }
+
     pub fn read(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
+        let r = self.read_inner(obj, offset, len);
+        if let Err(ObjectError::Block(tank_block::BlockError::Checksum { .. })) = &r {
+            if let Some(sink) = self.error_sink.get() {
+                sink(self.id, obj);
+            }
+        }
+        r
+    }
+
+    fn read_inner(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
         let info = self.stat(obj)?;
         if offset >= info.size || len == 0 {
             return Ok(Vec::new());

@@ -729,6 +729,22 @@ fn tracing_error(msg: &str) {
     eprintln!("tank: {msg}");
 }
 
+impl ObjectStore {
+    /// A read found no good copy of a block of `object`: logged as the scrub logs what it
+    /// finds (the next finished scrub keeps it only if the damage is still there).
+    pub(crate) fn record_read_error(&self, objset: u64, object: u64) {
+        let new = self.scanner.errlog.lock().1.insert((objset, object));
+        if new {
+            self.pool().events.post(
+                "ereport.fs.zfs.data",
+                None,
+                format!("tree={objset:#x} object={object:#x} found_by=read"),
+            );
+            self.scanner.mark(self.pool());
+        }
+    }
+}
+
 /// Logs permanent errors (by tree and object) and posts them as events.
 fn record_errors(store: &ObjectStore, errors: &[(u64, u64)]) {
     if errors.is_empty() {

@@ -105,12 +105,25 @@ impl ObjectStore {
             me: std::sync::OnceLock::new(),
         });
         let _ = store.me.set(Arc::downgrade(&store));
+        for os in store.objsets.read().values() {
+            store.watch_errors(os);
+        }
         store.scanner.load(&store)?;
         pool.set_syncer(store.clone());
         if fresh {
             pool.wait_synced()?;
         }
         Ok(store)
+    }
+
+    /// Routes an object set's unrecoverable reads into the pool's error log.
+    fn watch_errors(&self, os: &ObjectSet) {
+        let me = self.me.get().cloned().unwrap_or_default();
+        os.set_error_sink(Arc::new(move |objset, object| {
+            if let Some(store) = me.upgrade() {
+                store.record_read_error(objset, object);
+            }
+        }));
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -157,6 +170,7 @@ impl ObjectStore {
         ));
         map.insert(id, os.clone());
         self.dirty_table.store(true, Ordering::Release);
+        self.watch_errors(&os);
         Ok(os)
     }
 
@@ -179,6 +193,7 @@ impl ObjectStore {
         os.set_snapshot_txgs(prev_snap_txg, origin_txg);
         map.insert(id, os.clone());
         self.dirty_table.store(true, Ordering::Release);
+        self.watch_errors(&os);
         os
     }
 

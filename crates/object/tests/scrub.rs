@@ -280,3 +280,37 @@ fn scrub_runs_beside_writers_and_deletes_with_correct_data() {
     let (_pool, store) = reimport(&devs);
     verify(&store, &model).unwrap();
 }
+
+#[test]
+fn reads_that_find_no_good_copy_enter_the_error_log_too() {
+    let fleet = SimFleet::new(25);
+    let (devs, pool, store) = sim_pool(&fleet, "raidz1", 4, DEV);
+    let model = populate(&store, 7, 40);
+    drop(store);
+    pool.export().unwrap();
+    rot(&devs[0], 1, 0.6, 8 << 20);
+    rot(&devs[1], 2, 0.6, 8 << 20);
+    let (pool, store) = reimport(&devs);
+    assert!(store.scan_errors().is_empty());
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let unreadable: Vec<u64> = model
+        .iter()
+        .filter(|(id, data)| os.read(**id, 0, data.len()).is_err())
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(!unreadable.is_empty());
+    // No scrub ran: the reads themselves logged what they could not repair.
+    let listed: Vec<u64> = store
+        .scan_errors()
+        .iter()
+        .filter(|(t, _)| *t == ROOT_OBJSET)
+        .map(|(_, o)| *o)
+        .collect();
+    assert_eq!(listed, unreadable);
+    // And the log is persistent.
+    drop(os);
+    drop(store);
+    pool.export().unwrap();
+    let (_pool, store) = reimport(&devs);
+    assert_eq!(store.scan_errors().len(), unreadable.len());
+}
