@@ -877,10 +877,7 @@ fn replace(a: ReplaceArgs) -> Result<()> {
         let mut devs = open_for_create(std::slice::from_ref(&new), size)?;
         let dev = devs.remove(&new).expect("opened");
         let (first, last) = opened.pool.replace(&a.old, &new_abs, dev, a.force)?;
-        opened.pool.log_history(&crate::command_line());
-        let mut cache = PoolCache::load(&data_dir())?;
-        cache.upsert(cache_entry(&opened.pool));
-        cache.save(&data_dir())?;
+        devices_changed(&opened)?;
         outln!(
             "{} replaced by {new_abs}; it lacks txgs {first}..={last} until the resilver rebuilt it",
             a.old
@@ -889,6 +886,16 @@ fn replace(a: ReplaceArgs) -> Result<()> {
     })();
     opened.close()?;
     result
+}
+
+/// After a device change: the command goes in the history, the new device paths in the
+/// cache file.
+fn devices_changed(opened: &crate::pools::Opened) -> Result<()> {
+    opened.pool.log_history(&crate::command_line());
+    let mut cache = PoolCache::load(&data_dir())?;
+    cache.upsert(cache_entry(&opened.pool));
+    cache.save(&data_dir())?;
+    Ok(())
 }
 
 fn pool_set(a: PoolSetArgs) -> Result<()> {
@@ -977,10 +984,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         let mut devs = open_for_create(std::slice::from_ref(&a.new), size)?;
         let dev = devs.remove(&a.new).expect("opened");
         let (first, last) = opened.pool.attach(&a.existing, &new_abs, dev, a.force)?;
-        opened.pool.log_history(&crate::command_line());
-        let mut cache = PoolCache::load(&data_dir())?;
-        cache.upsert(cache_entry(&opened.pool));
-        cache.save(&data_dir())?;
+        devices_changed(&opened)?;
         outln!(
             "{new_abs} attached to {}; it lacks txgs {first}..={last} until the resilver rebuilt it",
             a.existing
@@ -995,11 +999,8 @@ fn detach(a: DeviceArgs) -> Result<()> {
     let opened = open_pool(&a.name)?;
     let result = (|| -> Result<()> {
         opened.pool.detach(&a.device)?;
-        opened.pool.log_history(&crate::command_line());
+        devices_changed(&opened)?;
         opened.store.sync()?;
-        let mut cache = PoolCache::load(&data_dir())?;
-        cache.upsert(cache_entry(&opened.pool));
-        cache.save(&data_dir())?;
         outln!("{} detached from pool '{}'", a.device, a.name);
         Ok(())
     })();
