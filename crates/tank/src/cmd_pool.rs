@@ -471,6 +471,8 @@ fn hms(secs: f64) -> String {
 /// The `scan:` lines of `status`, as zpool writes them (with the rate and the time left
 /// measured from this scrub's own progress).
 pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
+    // Always with a unit, as zpool writes them ("0B repaired").
+    let bytes = tank_dataset::props::human;
     let st = &s.state;
     let when = |t: u64| tank_pool::fmt_time(t);
     match st.phase {
@@ -478,16 +480,16 @@ pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
         ScanPhase::Canceled => vec![format!("scrub canceled on {}", when(st.end_time))],
         ScanPhase::Finished if st.func == "resilver" => vec![format!(
             "resilvered {} in {} with {} errors on {}; verified {}, {} rewritten by verification",
-            human(st.rebuilt_repaired),
+            bytes(st.rebuilt_repaired),
             hms(st.active_secs),
             st.errors,
             when(st.end_time),
-            human(st.verified),
-            human(st.verify_repaired)
+            bytes(st.verified),
+            bytes(st.verify_repaired)
         )],
         ScanPhase::Finished => vec![format!(
             "scrub repaired {} in {} with {} errors on {}",
-            human(st.repaired),
+            bytes(st.repaired),
             hms(st.active_secs),
             st.errors,
             when(st.end_time)
@@ -515,7 +517,7 @@ pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
                 "repaired"
             };
             let rate = if s.running {
-                format!(" at {}/s", human(s.rate as u64))
+                format!(" at {}/s", bytes(s.rate as u64))
             } else {
                 String::new()
             };
@@ -527,14 +529,14 @@ pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
                 head,
                 format!(
                     "{} / {} scanned, {} / {} issued{rate}",
-                    human(st.examined),
-                    human(total),
-                    human(st.issued),
-                    human(total)
+                    bytes(st.examined),
+                    bytes(total),
+                    bytes(st.issued),
+                    bytes(total)
                 ),
                 format!(
                     "{} {done_word}, {:.2}% done{eta}",
-                    human(st.repaired),
+                    bytes(st.repaired),
                     100.0 * st.issued as f64 / total as f64
                 ),
             ]
