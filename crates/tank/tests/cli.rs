@@ -650,7 +650,7 @@ fn offline_online_and_clear_resilver_what_was_missed() {
     let out = env.ok(&["pool", "online", "op", "o1"]);
     assert!(out.contains("missed txgs"), "{out}");
     assert!(out.contains("resilvered"), "{out}");
-    assert!(out.contains("0 rewritten by verification"), "{out}");
+    assert!(out.contains("0B rewritten by verification"), "{out}");
     env.ok(&["pool", "online", "op", "o2"]);
     let status = env.ok(&["pool", "status", "op"]);
     assert!(status.contains("state: ONLINE"), "{status}");
