@@ -33,7 +33,9 @@
 //!   mtime alone) on fsync and writeback with the credentials of whoever syncs; when `Fs`
 //!   refuses that to a caller who is not the owner, the flush is answered with the current
 //!   attributes (the write already set mtime in `Fs`). The price: `utimensat` of mtime
-//!   alone to "now" by a non-owner is a silent no-op instead of EPERM.
+//!   alone to "now" by a non-owner is a silent no-op instead of EPERM. FLUSH, which the
+//!   kernel then sends at every close after writing the file back itself, is answered
+//!   ENOSYS (nothing is buffered here), so it stops sending it.
 //! - Set-uid/set-gid clearing: we ask for FUSE_HANDLE_KILLPRIV_V2, which makes it the
 //!   filesystem's job, and `Fs` does it: a write or truncate by anyone but root, and any
 //!   chown of a non-directory, clear S_ISUID (and S_ISGID when group-executable). The
@@ -1006,8 +1008,12 @@ impl Filesystem for Server {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing is buffered here: every write reached `Fs` when it was answered.
-        reply.ok();
+        // Nothing is buffered here: every write reached `Fs` when it was answered. ENOSYS
+        // says so once for the whole mount: the kernel stops sending FLUSH, which with the
+        // writeback cache it sends at every close after writing the file's dirty pages back
+        // (close(2) still reports the errors of that write-back). One round trip less per
+        // close.
+        reply.error(fuser::Errno::ENOSYS);
     }
 
     fn release(

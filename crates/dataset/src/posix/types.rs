@@ -68,7 +68,24 @@ pub struct Timespec {
 }
 
 impl Timespec {
+    /// The current time as the kernel stamps files: its coarse clock (CLOCK_REALTIME_COARSE,
+    /// one tick of resolution), the clock of `current_time()` in local filesystems and of
+    /// the times the FUSE writeback cache keeps. A file created and written within one tick
+    /// then has the times the kernel would give it, and the kernel has nothing to flush.
+    #[allow(unsafe_code)]
     pub fn now() -> Timespec {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one `timespec` through a valid, exclusive pointer.
+        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+            return Timespec {
+                sec: ts.tv_sec,
+                nsec: ts.tv_nsec as u32,
+            };
+        }
+        // A kernel without the coarse clock: the precise one.
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
