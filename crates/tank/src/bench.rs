@@ -1,28 +1,58 @@
-//! `tank bench`: engine throughput of a pool layout, as ratios against the raw device files
-//! measured in the same run, plus the CPU cost per GiB and the per-core speed of parity and
-//! checksums.
+//! `tank bench-engine`: engine throughput of a pool layout, as ratios against the raw device
+//! files measured in the same run, plus the CPU cost per GiB and the per-core speed of parity
+//! and checksums; with `--fuse` also tank through its FUSE mount, beside zfs-fuse
+//! (`--zfs-fuse`) and the host file system.
 //!
 //! # Method
-//! In the bench directory (one file system, so one disk): write `size` bytes of incompressible
-//! data to one plain file with an fsync at the end (raw write), drop its cached pages and read
-//! it (raw cold read). Then build the pool from N file devices in the same directory, write the
-//! same amount as one object and wait for the txg sync (pool write), close the pool, drop the
-//! device files' cached pages, import and read the object back (pool cold read). Each figure is
-//! the median of `--runs` runs. The ideal pool write is `raw_write x data fraction` (5/7 for
-//! raidz2 of 7), since every byte of parity also goes to the same disk.
+//! In the bench directory (one file system, so one disk), each run measures in turn:
+//! - *host*: write `size` bytes of incompressible data to one plain file with an fsync at the
+//!   end (raw write), drop its cached pages and read it (raw cold read);
+//! - *engine*: build the pool from N file devices in the same directory, write the same
+//!   amount as one object and wait for the txg sync (pool write), close the pool, drop the
+//!   device files' cached pages, import and read the object back (pool cold read);
+//! - *tank FUSE* (`--fuse`): a new pool of the same layout with one filesystem dataset
+//!   (compression off, record size `--recordsize`) mounted in this process under the bench
+//!   directory as `tank mount` mounts it; the same bytes written to one file through std::fs
+//!   with an fsync at the end; then unmount, export, drop the device files' cached pages,
+//!   import, mount and read the file cold; then the small-file test on that mount;
+//! - *zfs-fuse* (`--zfs-fuse`): the same layout under a running zfs-fuse daemon
+//!   (compression off, its largest record size 128K): the same file written and fsynced
+//!   through its mount, export, cached pages dropped, import, cold read, and (with `--fuse`)
+//!   the small-file test;
+//! - *host small files* (`--fuse`): the small-file test in a plain directory.
+//!
+//! The small-file test is bonnie++'s sequential `-n`: `--files` files of 0 to 1 KiB (the
+//! same sizes on every system) spread over 100 directories, created in order (open with
+//! O_EXCL, write, close); then every directory read and each entry stat'ed by name in it;
+//! then every directory read again, each entry unlinked and the directory removed. Each phase
+//! is timed alone, in files/s, with no sync, as bonnie++ does (whose stat phase also reads
+//! each file's bytes; this one only stats). Stream reads check a sample of every request
+//! against what was written, the stat phase every file's size.
+//!
+//! Systems alternate within each run, so a noisy neighbour hits them alike. Each figure is
+//! the median of `--runs` runs (with min and max); each ratio is computed per run and then
+//! medianed. The ideal pool write is `raw_write x data fraction` (5/7 for raidz2 of 7), since
+//! every byte of parity also goes to the same disk.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use comfy_table::{presets, Table};
 use rand::{RngCore, SeedableRng};
+use tank_bench::fsbench::median;
+use tank_dataset::{DatasetKind, Dsl, Op};
 use tank_device::DeviceRef;
+use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
 
 use crate::datadir::{human, parse_size};
-use crate::pools::open_device;
+use crate::mounts::{mount_dataset, unmount_pool};
+use crate::pools::{open_datasets, open_device};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -44,10 +74,17 @@ pub struct BenchArgs {
     /// Runs; figures are medians.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Also measure tank through a FUSE mount of a filesystem dataset (needs root and
+    /// /dev/fuse), with the small-file test there and on the host file system.
+    #[arg(long)]
+    fuse: bool,
+    /// Files of the small-file test (with --fuse; 0 skips it).
+    #[arg(long, default_value_t = 100_000)]
+    files: usize,
     /// Also measure zfs-fuse on the same layout (needs zpool/zfs and a running zfs-fuse).
     #[arg(long)]
     zfs_fuse: bool,
-    /// Read the pool back without dropping the device files' cached pages (separates the
+    /// Read the pools back without dropping the device files' cached pages (separates the
     /// engine's own cost from the devices').
     #[arg(long)]
     warm: bool,
@@ -56,6 +93,221 @@ pub struct BenchArgs {
     buffered: bool,
     #[arg(long)]
     json: bool,
+}
+
+/// What was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum System {
+    /// A plain file or directory on the host file system holding the bench directory.
+    Host,
+    /// The pool, one object written and read through the object layer.
+    Engine,
+    /// tank through its FUSE mount.
+    Fuse,
+    ZfsFuse,
+}
+
+impl System {
+    const ALL: [System; 4] = [System::Host, System::Engine, System::Fuse, System::ZfsFuse];
+
+    fn key(self) -> &'static str {
+        match self {
+            System::Host => "host",
+            System::Engine => "engine",
+            System::Fuse => "tank_fuse",
+            System::ZfsFuse => "zfs_fuse",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            System::Host => "host fs",
+            System::Engine => "engine",
+            System::Fuse => "tank FUSE",
+            System::ZfsFuse => "zfs-fuse",
+        }
+    }
+}
+
+/// A figure of one system: bytes/s for the streams, files/s for the small-file phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Metric {
+    Write,
+    Read,
+    Create,
+    Stat,
+    Unlink,
+}
+
+impl Metric {
+    const ALL: [Metric; 5] = [
+        Metric::Write,
+        Metric::Read,
+        Metric::Create,
+        Metric::Stat,
+        Metric::Unlink,
+    ];
+    const SMALL: [Metric; 3] = [Metric::Create, Metric::Stat, Metric::Unlink];
+
+    fn key(self) -> &'static str {
+        match self {
+            Metric::Write => "write_mb_s",
+            Metric::Read => "cold_read_mb_s",
+            Metric::Create => "create_per_s",
+            Metric::Stat => "stat_per_s",
+            Metric::Unlink => "unlink_per_s",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Metric::Write => "write",
+            Metric::Read => "cold read",
+            Metric::Create => "create",
+            Metric::Stat => "stat",
+            Metric::Unlink => "unlink",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Metric::Write => "write+fsync MB/s",
+            Metric::Read => "cold read MB/s",
+            Metric::Create => "create/s",
+            Metric::Stat => "stat/s",
+            Metric::Unlink => "unlink/s",
+        }
+    }
+
+    /// The figure as shown: MB/s for streams, files/s for the others.
+    fn shown(self, v: f64) -> f64 {
+        match self {
+            Metric::Write | Metric::Read => v / 1e6,
+            _ => v,
+        }
+    }
+}
+
+type Key = (System, Metric);
+/// Write and cold read, bytes/s.
+type Seq = (f64, f64);
+/// Create, stat and unlink, files/s.
+type Small = [f64; 3];
+
+/// The figures of one run.
+#[derive(Default)]
+struct Run {
+    figures: BTreeMap<Key, f64>,
+    cpu_write_per_gib: f64,
+    cpu_read_per_gib: f64,
+}
+
+impl Run {
+    fn seq(&mut self, s: System, (write, read): Seq) {
+        self.figures.insert((s, Metric::Write), write);
+        self.figures.insert((s, Metric::Read), read);
+    }
+
+    fn small(&mut self, s: System, rates: Option<Small>) {
+        for (m, v) in Metric::SMALL.into_iter().zip(rates.into_iter().flatten()) {
+            self.figures.insert((s, m), v);
+        }
+    }
+}
+
+/// Median, min and max of one figure (or ratio) over the runs that have it.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<f64>) -> Option<Spread> {
+        if v.is_empty() {
+            return None;
+        }
+        let median = median(&mut v);
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[v.len() - 1],
+        })
+    }
+
+    fn map(self, f: impl Fn(f64) -> f64) -> Spread {
+        Spread {
+            median: f(self.median),
+            min: f(self.min),
+            max: f(self.max),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({"median": self.median, "min": self.min, "max": self.max})
+    }
+}
+
+/// A ratio of two figures, computed per run: `num / (den x scale)`.
+struct Ratio {
+    what: String,
+    num: Key,
+    den: Key,
+    scale: f64,
+    /// The target it must reach, if there is one.
+    target: Option<f64>,
+}
+
+impl Ratio {
+    fn spread(&self, runs: &[Run]) -> Option<Spread> {
+        Spread::of(
+            runs.iter()
+                .filter_map(|r| {
+                    Some(r.figures.get(&self.num)? / (r.figures.get(&self.den)? * self.scale))
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The ratios reported, with their targets (the engine issue's and the FUSE issue's).
+fn ratios(fraction: f64) -> Vec<Ratio> {
+    use Metric::*;
+    use System::*;
+    let mut v = vec![Ratio {
+        what: "engine write / ideal (host write x data fraction)".into(),
+        num: (Engine, Write),
+        den: (Host, Write),
+        scale: fraction,
+        target: Some(0.8),
+    }];
+    // (numerator, denominator, the figures compared, target)
+    let pairs: [(System, System, &[Metric], Option<f64>); 5] = [
+        (Engine, Host, &[Read], Some(0.8)),
+        (Fuse, Engine, &[Write, Read], Some(0.6)),
+        (Fuse, ZfsFuse, &Metric::ALL, Some(2.0)),
+        (Engine, ZfsFuse, &[Write, Read], None),
+        (Fuse, Host, &Metric::SMALL, None),
+    ];
+    for (num, den, metrics, target) in pairs {
+        for &m in metrics {
+            v.push(Ratio {
+                what: format!(
+                    "{} {} / {} {}",
+                    num.label(),
+                    m.name(),
+                    den.label(),
+                    m.name()
+                ),
+                num: (num, m),
+                den: (den, m),
+                scale: 1.0,
+                target,
+            });
+        }
+    }
+    v
 }
 
 /// Drops the page cache of a file (clean pages only; call after fsync).
@@ -72,10 +324,15 @@ fn drop_cache(path: &Path) -> Result<()> {
     Ok(())
 }
 
+fn drop_caches(names: &[String]) -> Result<()> {
+    names.iter().try_for_each(|n| drop_cache(Path::new(n)))
+}
+
 /// Writes `size` bytes (repeating `data`) to a new file with an fsync; returns bytes/s.
 fn write_file(path: &Path, size: u64, data: &[u8]) -> Result<f64> {
     let t = Instant::now();
-    let mut f = std::fs::File::create(path)?;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut left = size;
     while left > 0 {
         let n = (data.len() as u64).min(left) as usize;
@@ -86,13 +343,120 @@ fn write_file(path: &Path, size: u64, data: &[u8]) -> Result<f64> {
     Ok(size as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Reads a whole file in 1 MiB requests; returns bytes/s for `size` bytes.
-fn read_file(path: &Path, size: u64) -> Result<f64> {
+/// Reads a file written by `write_file` in 1 MiB requests, checking the start of each
+/// against `data`; returns bytes/s.
+fn read_file(path: &Path, size: u64, data: &[u8]) -> Result<f64> {
     let t = Instant::now();
-    let mut f = std::fs::File::open(path)?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut buf = vec![0u8; 1 << 20];
-    while f.read(&mut buf)? > 0 {}
+    let mut off = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let at = (off % data.len() as u64) as usize;
+        let k = n.min(64).min(data.len() - at);
+        if buf[..k] != data[at..at + k] {
+            bail!("read-back mismatch in {} at {off}", path.display());
+        }
+        off += n as u64;
+    }
+    if off != size {
+        bail!("{} has {off} bytes, {size} were written", path.display());
+    }
     Ok(size as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Directories of the small-file test (bonnie++'s `-n files:max:min:dirs`).
+const SMALL_DIRS: usize = 100;
+/// Largest small file.
+const SMALL_MAX: u64 = 1024;
+
+/// bonnie++'s sequential small-file test under `root` (created, and removed at the end):
+/// `n` files of 0 to 1 KiB in `SMALL_DIRS` directories, created in order (open with O_EXCL,
+/// write, close); then each directory read and each entry stat'ed by name in it; then each
+/// directory read again, each entry unlinked and the directory removed. Returns files/s of
+/// each phase.
+fn small_files(root: &Path, n: usize) -> Result<Small> {
+    let dirs: Vec<PathBuf> = (0..SMALL_DIRS.min(n).max(1))
+        .map(|d| root.join(format!("{d:05}")))
+        .collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let sizes: Vec<u64> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % (SMALL_MAX + 1)
+        })
+        .collect();
+    let content = vec![0x5au8; SMALL_MAX as usize];
+    for d in &dirs {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    let rate = |t: Instant| n as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for (i, &len) in sizes.iter().enumerate() {
+        let p = dirs[i * dirs.len() / n].join(format!("{i:07x}"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&p)
+            .with_context(|| format!("cannot create {}", p.display()))?;
+        f.write_all(&content[..len as usize])?;
+    }
+    let create = rate(t);
+    // Every entry of every directory, in the order readdir gives them.
+    let each_entry = |f: &mut dyn FnMut(&std::fs::DirEntry) -> Result<()>| -> Result<()> {
+        let mut seen = 0;
+        for d in &dirs {
+            let list =
+                std::fs::read_dir(d).with_context(|| format!("cannot read {}", d.display()))?;
+            for e in list {
+                f(&e?)?;
+                seen += 1;
+            }
+        }
+        if seen != n {
+            bail!("{} holds {seen} files, {n} were created", root.display());
+        }
+        Ok(())
+    };
+    let t = Instant::now();
+    each_entry(&mut |e| {
+        let m = e.metadata()?;
+        let i = e
+            .file_name()
+            .to_str()
+            .and_then(|s| usize::from_str_radix(s, 16).ok());
+        if i.and_then(|i| sizes.get(i)) != Some(&m.len()) {
+            bail!(
+                "{} is not as written ({} bytes)",
+                e.path().display(),
+                m.len()
+            );
+        }
+        Ok(())
+    })?;
+    let stat = rate(t);
+    let t = Instant::now();
+    each_entry(&mut |e| Ok(std::fs::remove_file(e.path())?))?;
+    for d in &dirs {
+        std::fs::remove_dir(d)?;
+    }
+    let unlink = rate(t);
+    std::fs::remove_dir(root)?;
+    Ok([create, stat, unlink])
+}
+
+/// The small-file test, when asked for.
+fn small_phase(a: &BenchArgs, root: &Path) -> Result<Option<Small>> {
+    if !a.fuse || a.files == 0 {
+        return Ok(None);
+    }
+    small_files(root, a.files).map(Some)
 }
 
 fn cpu_seconds() -> f64 {
@@ -106,22 +470,6 @@ fn cpu_seconds() -> f64 {
             Some((utime + stime) / 100.0)
         })
         .unwrap_or(0.0)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-struct Run {
-    raw_write: f64,
-    raw_read: f64,
-    pool_write: f64,
-    pool_read: f64,
-    cpu_write_per_gib: f64,
-    cpu_read_per_gib: f64,
-    /// zfs-fuse write and cold read on the same layout, when asked for.
-    zfs: Option<(f64, f64)>,
 }
 
 fn run_cmd(cmd: &str, args: &[&str]) -> Result<()> {
@@ -139,18 +487,59 @@ fn run_cmd(cmd: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// The same layout under zfs-fuse (compression off, its largest record size 128K): a file
-/// written through its FUSE mount and fsynced, then read back after export, dropping the
-/// device files' cached pages, and import. Needs a running zfs-fuse daemon.
-fn zfs_fuse_run(a: &BenchArgs, size: u64, data: &[u8], per_dev: u64) -> Result<(f64, f64)> {
-    let names: Vec<String> = (0..a.devices)
+/// Paths of `n` device files `<prefix><i>` in the bench directory.
+fn device_names(dir: &Path, prefix: &str, n: usize) -> Vec<String> {
+    (0..n)
         .map(|i| {
-            a.dir
-                .join(format!("zfs-dev{i}"))
+            dir.join(format!("{prefix}{i}"))
                 .to_string_lossy()
                 .into_owned()
         })
-        .collect();
+        .collect()
+}
+
+fn remove_files(names: &[String]) {
+    for n in names {
+        let _ = std::fs::remove_file(n);
+    }
+}
+
+/// Creates pool `name` of the bench layout on new device files of `per_dev` bytes.
+fn create_pool(a: &BenchArgs, name: &str, names: &[String], per_dev: u64) -> Result<Arc<Pool>> {
+    let (tokens, _) = layout_spec(&a.layout, names)?;
+    let spec = PoolSpec::parse(&tokens, false)?;
+    let mut devices = std::collections::HashMap::new();
+    remove_files(names);
+    for n in names {
+        devices.insert(n.clone(), open_device(n, Some(per_dev), !a.buffered)?);
+    }
+    let (pool, _) = Pool::create(name, &spec, &devices, &CreateOptions::default())?;
+    Ok(pool)
+}
+
+/// Imports the pool on `names` again after it was closed, cold unless `--warm`.
+fn reimport(a: &BenchArgs, names: &[String]) -> Result<Arc<Pool>> {
+    if !a.warm {
+        drop_caches(names)?;
+    }
+    let devs: Vec<DeviceRef> = names
+        .iter()
+        .map(|n| open_device(n, None, !a.buffered))
+        .collect::<Result<_>>()?;
+    Ok(Pool::import(&devs, &ImportOptions::default())?)
+}
+
+/// The same layout under zfs-fuse (compression off, its largest record size 128K): a file
+/// written through its FUSE mount and fsynced, then read back after export, dropping the
+/// device files' cached pages, and import; then the small-file test. Needs a running
+/// zfs-fuse daemon.
+fn zfs_fuse_run(
+    a: &BenchArgs,
+    size: u64,
+    data: &[u8],
+    per_dev: u64,
+) -> Result<(Seq, Option<Small>)> {
+    let names = device_names(&a.dir, "zfs-dev", a.devices);
     let (tokens, _) = layout_spec(&a.layout, &names)?;
     for n in &names {
         let f = std::fs::File::create(n)?;
@@ -166,13 +555,12 @@ fn zfs_fuse_run(a: &BenchArgs, size: u64, data: &[u8], per_dev: u64) -> Result<(
         let file = mnt.join("data");
         let w = write_file(&file, size, data)?;
         run_cmd("zpool", &["export", "tankbenchzf"])?;
-        for n in &names {
-            drop_cache(Path::new(n))?;
-        }
+        drop_caches(&names)?;
         let dir_s = a.dir.to_string_lossy().into_owned();
         run_cmd("zpool", &["import", "-d", &dir_s, "tankbenchzf"])?;
-        let r = read_file(&file, size)?;
-        Ok((w, r))
+        let r = read_file(&file, size, data)?;
+        let small = small_phase(a, &mnt.join("small"))?;
+        Ok(((w, r), small))
     })();
     // zfs-fuse reports the pool busy for a moment after its last file is closed.
     let mut destroyed = Err(anyhow::anyhow!("not tried"));
@@ -186,10 +574,94 @@ fn zfs_fuse_run(a: &BenchArgs, size: u64, data: &[u8], per_dev: u64) -> Result<(
     if let Err(e) = destroyed {
         eprintln!("warning: could not destroy the zfs-fuse bench pool: {e:#}");
     }
-    for n in &names {
-        let _ = std::fs::remove_file(n);
-    }
+    remove_files(&names);
+    let _ = std::fs::remove_dir(&mnt);
     result
+}
+
+const FUSE_POOL: &str = "benchfuse";
+const FUSE_DATASET: &str = "benchfuse/fs";
+
+/// The FUSE bench pool and its datasets: on drop, its filesystems are unmounted, the pool
+/// destroyed and its device files removed, whatever happened before.
+struct FusePool {
+    open: Option<(Arc<Pool>, Arc<ObjectStore>, Arc<Dsl>)>,
+    names: Vec<String>,
+}
+
+impl FusePool {
+    fn open(&mut self, pool: Arc<Pool>) -> Result<&Arc<Dsl>> {
+        let (store, dsl) = open_datasets(&pool)?;
+        Ok(&self.open.insert((pool, store, dsl)).2)
+    }
+
+    /// Mounts the bench filesystem at `dir`.
+    fn mount(&self, dir: &Path) -> Result<()> {
+        let (_, store, dsl) = self.open.as_ref().expect("the bench pool is open");
+        mount_dataset(dsl, store, FUSE_DATASET, Some(dir))?;
+        Ok(())
+    }
+
+    /// Unmounts the bench filesystem and exports the pool.
+    fn export(&mut self) -> Result<()> {
+        unmount_pool(FUSE_POOL)?;
+        let (pool, _, _) = self.open.take().expect("the bench pool is open");
+        pool.export()?;
+        Ok(())
+    }
+}
+
+impl Drop for FusePool {
+    fn drop(&mut self) {
+        if let Err(e) = unmount_pool(FUSE_POOL) {
+            eprintln!("warning: cannot unmount the bench filesystem: {e:#}");
+        }
+        if let Some((pool, _, _)) = self.open.take() {
+            let _ = pool.destroy();
+        }
+        remove_files(&self.names);
+    }
+}
+
+/// tank through FUSE: a filesystem dataset (compression off, record size `record`) on a new
+/// pool of the bench layout, mounted in this process; a file written with an fsync, then
+/// unmount, export, import and mount again, and the file read cold; then the small-file
+/// test on the mount.
+fn tank_fuse_run(
+    a: &BenchArgs,
+    size: u64,
+    record: u32,
+    data: &[u8],
+    per_dev: u64,
+) -> Result<(Seq, Option<Small>)> {
+    let names = device_names(&a.dir, "fuse-dev", a.devices);
+    let mut bench = FusePool {
+        open: None,
+        names: names.clone(),
+    };
+    bench
+        .open(create_pool(a, FUSE_POOL, &names, per_dev)?)?
+        .run(Op::Create {
+            name: FUSE_DATASET.into(),
+            kind: DatasetKind::Filesystem,
+            props: vec![
+                ("compression".into(), "off".into()),
+                ("recordsize".into(), record.to_string()),
+            ],
+            parents: false,
+        })?;
+    let mnt = a.dir.join("tank-mnt");
+    bench.mount(&mnt)?;
+    let file = mnt.join("data");
+    let w = write_file(&file, size, data)?;
+    bench.export()?;
+    bench.open(reimport(a, &names)?)?;
+    bench.mount(&mnt)?;
+    let r = read_file(&file, size, data)?;
+    let small = small_phase(a, &mnt.join("small"))?;
+    drop(bench);
+    let _ = std::fs::remove_dir(&mnt);
+    Ok(((w, r), small))
 }
 
 fn layout_spec(layout: &str, names: &[String]) -> Result<(Vec<String>, f64)> {
@@ -217,35 +689,18 @@ fn layout_spec(layout: &str, names: &[String]) -> Result<(Vec<String>, f64)> {
     })
 }
 
-fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
-    let dir = &a.dir;
-    // Raw baseline.
-    let raw = dir.join("raw-baseline");
-    let raw_write = write_file(&raw, size, data)?;
-    drop_cache(&raw)?;
-    let raw_read = read_file(&raw, size)?;
-    std::fs::remove_file(&raw)?;
-
-    // The pool.
-    let names: Vec<String> = (0..a.devices)
-        .map(|i| {
-            dir.join(format!("bench-dev{i}"))
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    let (tokens, fraction) = layout_spec(&a.layout, &names)?;
-    // Room for the data, its parity, metadata and the 1/32 reserve.
-    let per_dev = (size as f64 / fraction / a.devices as f64 * 1.3) as u64 + (256 << 20);
-    let spec = PoolSpec::parse(&tokens, false)?;
-    let mut devices = std::collections::HashMap::new();
-    for n in &names {
-        let _ = std::fs::remove_file(n);
-        devices.insert(n.clone(), open_device(n, Some(per_dev), !a.buffered)?);
-    }
-    let (pool, _) = Pool::create("benchpool", &spec, &devices, &CreateOptions::default())?;
-    drop(devices);
-    let store = tank_object::ObjectStore::open(pool.clone())?;
+/// The engine-level pool: one object written and synced, the pool closed and imported
+/// again, the object read back. Returns (write, read) in bytes/s and CPU seconds of each.
+fn engine_run(
+    a: &BenchArgs,
+    size: u64,
+    record: u32,
+    data: &[u8],
+    per_dev: u64,
+) -> Result<(Seq, (f64, f64))> {
+    let names = device_names(&a.dir, "bench-dev", a.devices);
+    let pool = create_pool(a, "benchpool", &names, per_dev)?;
+    let store = ObjectStore::open(pool.clone())?;
     let os = store.objset(tank_object::ROOT_OBJSET)?;
     let id = {
         let tx = store.begin(0)?;
@@ -269,18 +724,8 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     drop(os);
     drop(store);
     drop(pool);
-    if !a.warm {
-        for n in &names {
-            drop_cache(Path::new(n))?;
-        }
-    }
-    let devs: Vec<DeviceRef> = names
-        .iter()
-        .map(|n| open_device(n, None, !a.buffered))
-        .collect::<Result<_>>()?;
-    let pool = Pool::import(&devs, &ImportOptions::default())?;
-    drop(devs);
-    let store = tank_object::ObjectStore::open(pool.clone())?;
+    let pool = reimport(a, &names)?;
+    let store = ObjectStore::open(pool.clone())?;
     let os = store.objset(tank_object::ROOT_OBJSET)?;
     let cpu0 = cpu_seconds();
     let t = Instant::now();
@@ -303,24 +748,41 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     drop(os);
     drop(store);
     drop(pool);
-    for n in &names {
-        std::fs::remove_file(n).ok();
-    }
-    let zfs = if a.zfs_fuse {
-        Some(zfs_fuse_run(a, size, data, per_dev)?)
-    } else {
-        None
-    };
+    remove_files(&names);
+    Ok(((pool_write, pool_read), (cpu_write, cpu_read)))
+}
+
+fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
+    let mut run = Run::default();
+    // Host baseline.
+    let raw = a.dir.join("raw-baseline");
+    let raw_write = write_file(&raw, size, data)?;
+    drop_cache(&raw)?;
+    let raw_read = read_file(&raw, size, data)?;
+    std::fs::remove_file(&raw)?;
+    run.seq(System::Host, (raw_write, raw_read));
+
+    let (_, fraction) = layout_spec(&a.layout, &vec![String::new(); a.devices])?;
+    // Room for the data, its parity, metadata, the small files and the 1/32 reserve.
+    let per_dev = (size as f64 / fraction / a.devices as f64 * 1.3) as u64 + (256 << 20);
+    let (seq, (cpu_write, cpu_read)) = engine_run(a, size, record, data, per_dev)?;
+    run.seq(System::Engine, seq);
     let gib = size as f64 / (1u64 << 30) as f64;
-    Ok(Run {
-        raw_write,
-        raw_read,
-        pool_write,
-        pool_read,
-        cpu_write_per_gib: cpu_write / gib,
-        cpu_read_per_gib: cpu_read / gib,
-        zfs,
-    })
+    run.cpu_write_per_gib = cpu_write / gib;
+    run.cpu_read_per_gib = cpu_read / gib;
+
+    if a.fuse {
+        let (seq, small) = tank_fuse_run(a, size, record, data, per_dev)?;
+        run.seq(System::Fuse, seq);
+        run.small(System::Fuse, small);
+    }
+    if a.zfs_fuse {
+        let (seq, small) = zfs_fuse_run(a, size, data, per_dev)?;
+        run.seq(System::ZfsFuse, seq);
+        run.small(System::ZfsFuse, small);
+    }
+    run.small(System::Host, small_phase(a, &a.dir.join("host-small"))?);
+    Ok(run)
 }
 
 /// Per-core GB/s of parity encoding (5+2 at 128 KiB) and of each checksum at 128 KiB.
@@ -374,6 +836,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.recordsize
         );
     }
+    if a.fuse && record > 1 << 20 {
+        bail!("with --fuse the record size is a dataset's recordsize: at most 1M");
+    }
     if a.runs == 0 || a.devices == 0 {
         bail!("--runs and --devices must be at least 1");
     }
@@ -393,26 +858,60 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
         runs.push(one_run(&a, size, record as u32, &data)?);
     }
-    let med = |f: &dyn Fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
-
+    let spread = |k: Key| {
+        Spread::of(
+            runs.iter()
+                .filter_map(|r| r.figures.get(&k).copied())
+                .collect(),
+        )
+    };
+    let med = |k: Key| spread(k).map(|s| s.median);
+    let cpu = |f: fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let (cpu_w, cpu_r) = (cpu(|r| r.cpu_write_per_gib), cpu(|r| r.cpu_read_per_gib));
     let (_, fraction) = layout_spec(&a.layout, &vec![String::new(); a.devices])?;
-    let write_ratio = med(&|r| r.pool_write / (r.raw_write * fraction));
-    let read_ratio = med(&|r| r.pool_read / r.raw_read);
-    let raw_w = med(&|r| r.raw_write);
-    let raw_r = med(&|r| r.raw_read);
-    let pw = med(&|r| r.pool_write);
-    let pr = med(&|r| r.pool_read);
-    let ideal_w = raw_w * fraction;
+    let ratios: Vec<(Ratio, Spread)> = ratios(fraction)
+        .into_iter()
+        .filter_map(|r| {
+            let s = r.spread(&runs)?;
+            Some((r, s))
+        })
+        .collect();
     let micro = microbench();
+    let mb = |k: Key| med(k).map(|v| v / 1e6);
+    let ratio_of = |what: &str| {
+        ratios
+            .iter()
+            .find(|(r, _)| r.what.starts_with(what))
+            .map(|(_, s)| s.median)
+    };
+    let mut figures = serde_json::Map::new();
+    for s in System::ALL {
+        let mut m = serde_json::Map::new();
+        for k in Metric::ALL {
+            if let Some(v) = spread((s, k)) {
+                m.insert(k.key().into(), v.map(|x| k.shown(x)).json());
+            }
+        }
+        if !m.is_empty() {
+            figures.insert(s.key().into(), m.into());
+        }
+    }
     let result = serde_json::json!({
         "layout": a.layout, "devices": a.devices, "size": size, "recordsize": record, "runs": a.runs,
-        "raw_write_mb_s": raw_w / 1e6, "raw_cold_read_mb_s": raw_r / 1e6,
-        "pool_write_mb_s": pw / 1e6, "pool_cold_read_mb_s": pr / 1e6,
-        "ideal_write_mb_s": ideal_w / 1e6,
-        "zfs_fuse_write_mb_s": if a.zfs_fuse { Some(med(&|r| r.zfs.map(|z| z.0).unwrap_or(0.0)) / 1e6) } else { None },
-        "zfs_fuse_cold_read_mb_s": if a.zfs_fuse { Some(med(&|r| r.zfs.map(|z| z.1).unwrap_or(0.0)) / 1e6) } else { None },
-        "write_ratio_to_ideal": write_ratio, "read_ratio_to_raw": read_ratio, "direct": !a.buffered,
-        "cpu_s_per_gib_write": med(&|r| r.cpu_write_per_gib), "cpu_s_per_gib_read": med(&|r| r.cpu_read_per_gib),
+        "files": if a.fuse { Some(a.files) } else { None },
+        "raw_write_mb_s": mb((System::Host, Metric::Write)), "raw_cold_read_mb_s": mb((System::Host, Metric::Read)),
+        "pool_write_mb_s": mb((System::Engine, Metric::Write)), "pool_cold_read_mb_s": mb((System::Engine, Metric::Read)),
+        "ideal_write_mb_s": mb((System::Host, Metric::Write)).map(|w| w * fraction),
+        "zfs_fuse_write_mb_s": mb((System::ZfsFuse, Metric::Write)),
+        "zfs_fuse_cold_read_mb_s": mb((System::ZfsFuse, Metric::Read)),
+        "write_ratio_to_ideal": ratio_of("engine write / ideal"), "read_ratio_to_raw": ratio_of("engine cold read / host"),
+        "direct": !a.buffered,
+        "cpu_s_per_gib_write": cpu_w, "cpu_s_per_gib_read": cpu_r,
+        "figures": figures,
+        "ratios": ratios.iter().map(|(r, s)| serde_json::json!({
+            "what": r.what, "median": s.median, "min": s.min, "max": s.max,
+            "target": r.target, "met": r.target.map(|t| s.median >= t),
+        })).collect::<Vec<_>>(),
         "per_core_gb_s": micro.iter().map(|(k, v)| serde_json::json!({"what": k, "gb_s": v})).collect::<Vec<_>>(),
     });
     if a.json {
@@ -420,48 +919,62 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} of {} devices, {} written and read, record {}, median of {} runs",
+        "{} of {} devices, {} written and read, record {}{}, median (min-max) of {} runs",
         a.layout,
         a.devices,
         human(size),
         human(record),
+        if a.fuse && a.files > 0 {
+            format!(", {} small files", a.files)
+        } else {
+            String::new()
+        },
         a.runs
     );
-    println!("  raw file write+fsync   {:>8.0} MB/s", raw_w / 1e6);
-    println!("  raw file cold read     {:>8.0} MB/s", raw_r / 1e6);
-    println!(
-        "  pool write+sync        {:>8.0} MB/s   {:.2} x ideal ({:.0} MB/s = raw x {:.3})",
-        pw / 1e6,
-        pw / ideal_w,
-        ideal_w / 1e6,
-        fraction
-    );
-    println!(
-        "  pool cold read         {:>8.0} MB/s   {:.2} x raw",
-        pr / 1e6,
-        pr / raw_r
-    );
-    println!(
-        "  CPU per GiB            write {:.2} s, read {:.2} s",
-        med(&|r| r.cpu_write_per_gib),
-        med(&|r| r.cpu_read_per_gib)
-    );
-    if a.zfs_fuse {
-        let zw = med(&|r| r.zfs.map(|z| z.0).unwrap_or(0.0));
-        let zr = med(&|r| r.zfs.map(|z| z.1).unwrap_or(0.0));
-        println!(
-            "  zfs-fuse write+fsync   {:>8.0} MB/s   (tank / zfs-fuse: {:.2})",
-            zw / 1e6,
-            med(&|r| r.pool_write / r.zfs.map(|z| z.0).unwrap_or(f64::NAN))
-        );
-        println!(
-            "  zfs-fuse cold read     {:>8.0} MB/s   (tank / zfs-fuse: {:.2})",
-            zr / 1e6,
-            med(&|r| r.pool_read / r.zfs.map(|z| z.1).unwrap_or(f64::NAN))
-        );
+    let metrics: Vec<Metric> = Metric::ALL
+        .into_iter()
+        .filter(|&m| System::ALL.iter().any(|&s| spread((s, m)).is_some()))
+        .collect();
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_header(std::iter::once("").chain(metrics.iter().map(|m| m.label())));
+    for s in System::ALL {
+        let cells: Vec<String> = metrics
+            .iter()
+            .map(|&m| {
+                spread((s, m)).map_or("-".into(), |v| {
+                    let v = v.map(|x| m.shown(x));
+                    format!("{:.0} ({:.0}-{:.0})", v.median, v.min, v.max)
+                })
+            })
+            .collect();
+        if cells.iter().any(|c| c != "-") {
+            t.add_row(std::iter::once(s.label().to_string()).chain(cells));
+        }
     }
+    println!("{t}");
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_header([
+        "ratio (per run, then median)",
+        "median",
+        "min-max",
+        "target",
+    ]);
+    for (r, s) in &ratios {
+        t.add_row([
+            r.what.to_string(),
+            format!("{:.2}", s.median),
+            format!("{:.2}-{:.2}", s.min, s.max),
+            r.target.map_or(String::new(), |g| {
+                format!("{g} {}", if s.median >= g { "met" } else { "NOT met" })
+            }),
+        ]);
+    }
+    println!("{t}");
+    println!("CPU per GiB (engine): write {cpu_w:.2} s, read {cpu_r:.2} s");
     for (k, v) in micro {
-        println!("  {k:<40} {v:>6.1} GB/s per core");
+        println!("{k:<40} {v:>6.1} GB/s per core");
     }
     Ok(())
 }
