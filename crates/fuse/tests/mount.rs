@@ -94,6 +94,7 @@ fn remount_after_unmount_sees_the_files() {
 #[test]
 fn drop_detaches_a_busy_mount() {
     require_fuse!();
+    let _caches = kernel_caches();
     let mut m = mounted();
     fs::write(m.p("f"), b"still readable").unwrap();
     let mut open = File::open(m.p("f")).unwrap();
@@ -125,6 +126,7 @@ fn unmount_by_another_party_ends_the_session() {
 #[test]
 fn busy_mount_of_another_party_is_detached() {
     require_fuse!();
+    let _caches = kernel_caches();
     let mut m = mounted();
     fs::write(m.p("f"), b"open while unmounted").unwrap();
     let mut open = File::open(m.p("f")).unwrap();
@@ -178,7 +180,9 @@ fn with_snapshot() -> (Mounted, Arc<TestSnapshots>) {
     let source = Arc::new(TestSnapshots::default());
     source.snaps.lock().push(("monday".into(), snap));
     let mut opts = MountOptions::new("fusetest/live");
-    opts.attr_ttl = Duration::from_millis(200);
+    // Short, so a destroyed snapshot's entry expires within the test; long enough that a
+    // busy machine does not see the live one expire (and looked up again) mid-test.
+    opts.attr_ttl = SNAPSHOT_TEST_TTL;
     let m = mount_on(
         pool,
         live,
@@ -189,9 +193,21 @@ fn with_snapshot() -> (Mounted, Arc<TestSnapshots>) {
     (m, source)
 }
 
+/// Held by the test that drops the kernel's dentry caches (system-wide, so it makes every
+/// other mount forget its nodes) and by the tests that count how often nodes are looked up.
+static KERNEL_CACHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn kernel_caches() -> std::sync::MutexGuard<'static, ()> {
+    KERNEL_CACHES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The entry and attribute TTL of the snapshot tests' mounts.
+const SNAPSHOT_TEST_TTL: Duration = Duration::from_secs(1);
+
 #[test]
 fn snapshot_directory_serves_snapshots_read_only() {
     require_fuse!();
+    let _caches = kernel_caches();
     let (m, source) = with_snapshot();
     fs::create_dir(m.p("docs")).unwrap();
     fs::write(m.p("docs/a.txt"), b"live").unwrap();
@@ -262,7 +278,7 @@ fn snapshot_directory_serves_snapshots_read_only() {
 
     // A destroyed snapshot disappears (within the entry TTL).
     source.snaps.lock().clear();
-    std::thread::sleep(Duration::from_millis(400));
+    std::thread::sleep(SNAPSHOT_TEST_TTL * 2);
     assert_eq!(names(&m.p(".tank/snapshot")), Vec::<String>::new());
     assert_errno(fs::metadata(m.p(".tank/snapshot/monday")), ENOENT);
 }
@@ -304,6 +320,7 @@ fn snapshot_of_the_live_object_set() {
 #[test]
 fn snapshot_is_closed_when_the_kernel_forgets_it() {
     require_fuse!();
+    let _caches = kernel_caches();
     let (m, source) = with_snapshot();
     let file = m.p(".tank/snapshot/monday/docs/a.txt");
     assert_eq!(fs::read(&file).unwrap(), b"from the snapshot");
