@@ -213,16 +213,7 @@ fn replaced_device_is_rebuilt_while_a_writer_runs() {
     assert_eq!(pool.state(), "DEGRADED");
     store.set_scan_region_budget(4);
     assert!(store.resilver_start().unwrap());
-    let mut r = rng(11);
-    let mut steps = 0;
-    while store.scan_status().running || steps < 20 {
-        random_step(&store, &mut model, &mut r, 150_000).unwrap();
-        steps += 1;
-        if steps % 4 == 0 {
-            store.sync().unwrap();
-        }
-        assert!(steps < 100_000);
-    }
+    write_while_scanning(&store, &mut model, 11, 20, 150_000, 4);
     let st = wait_resilver(&store);
     assert_eq!(
         (st.state.errors, st.state.verify_repaired),

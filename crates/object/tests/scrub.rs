@@ -96,14 +96,7 @@ fn scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing() {
 
 #[test]
 fn damage_beyond_parity_is_listed_by_object_until_it_is_gone() {
-    let fleet = SimFleet::new(22);
-    let (devs, pool, store) = sim_pool(&fleet, "raidz1", 4, DEV);
-    let model = populate(&store, 7, 40);
-    drop(store);
-    pool.export().unwrap();
-    rot(&devs[0], 1, 0.6, 8 << 20);
-    rot(&devs[1], 2, 0.6, 8 << 20);
-    let (pool, store) = reimport(&devs);
+    let (devs, model, pool, store) = rotted_beyond_parity(22);
     let st = scrub(&store);
     assert!(st.state.errors > 0, "{st:?}");
     let listed = store.scan_errors();
@@ -248,16 +241,7 @@ fn scrub_runs_beside_writers_and_deletes_with_correct_data() {
     let (pool, store) = reimport(&devs);
     store.set_scan_region_budget(4);
     store.scrub_start().unwrap();
-    let mut r = rng(77);
-    let mut steps = 0;
-    while store.scan_status().running || steps < 40 {
-        random_step(&store, &mut model, &mut r, 200_000).unwrap();
-        steps += 1;
-        if steps % 5 == 0 {
-            store.sync().unwrap();
-        }
-        assert!(steps < 100_000);
-    }
+    write_while_scanning(&store, &mut model, 77, 40, 200_000, 5);
     store.scan_wait();
     store.sync().unwrap();
     let st = store.scan_status();
@@ -283,14 +267,7 @@ fn scrub_runs_beside_writers_and_deletes_with_correct_data() {
 
 #[test]
 fn reads_that_find_no_good_copy_enter_the_error_log_too() {
-    let fleet = SimFleet::new(25);
-    let (devs, pool, store) = sim_pool(&fleet, "raidz1", 4, DEV);
-    let model = populate(&store, 7, 40);
-    drop(store);
-    pool.export().unwrap();
-    rot(&devs[0], 1, 0.6, 8 << 20);
-    rot(&devs[1], 2, 0.6, 8 << 20);
-    let (pool, store) = reimport(&devs);
+    let (devs, model, pool, store) = rotted_beyond_parity(25);
     assert!(store.scan_errors().is_empty());
     let os = store.objset(ROOT_OBJSET).unwrap();
     let unreadable: Vec<u64> = model

@@ -244,3 +244,39 @@ pub fn reimport(devs: &[SimDevice]) -> (Arc<Pool>, Arc<ObjectStore>) {
         .collect();
     import_devs(&refs, false).unwrap()
 }
+
+/// Runs the random workload while the pool's scan (scrub or resilver) runs, at least
+/// `min_steps` steps, syncing every `sync_every`.
+pub fn write_while_scanning(
+    store: &ObjectStore,
+    model: &mut Model,
+    seed: u64,
+    min_steps: usize,
+    max_len: usize,
+    sync_every: usize,
+) {
+    let mut r = rng(seed);
+    let mut steps = 0;
+    while store.scan_status().running || steps < min_steps {
+        random_step(store, model, &mut r, max_len).unwrap();
+        steps += 1;
+        if steps % sync_every == 0 {
+            store.sync().unwrap();
+        }
+        assert!(steps < 100_000, "the scan never ended");
+    }
+}
+
+/// A raidz1 pool of 4 simulated devices with a workload, two of its devices rotted beyond
+/// the parity, imported again.
+pub fn rotted_beyond_parity(seed: u64) -> (Vec<SimDevice>, Model, Arc<Pool>, Arc<ObjectStore>) {
+    let fleet = SimFleet::new(seed);
+    let (devs, pool, store) = sim_pool(&fleet, "raidz1", 4, 64 << 20);
+    let model = populate(&store, 7, 40);
+    drop(store);
+    pool.export().unwrap();
+    rot(&devs[0], 1, 0.6, 8 << 20);
+    rot(&devs[1], 2, 0.6, 8 << 20);
+    let (pool, store) = reimport(&devs);
+    (devs, model, pool, store)
+}
