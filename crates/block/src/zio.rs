@@ -509,13 +509,14 @@ impl BlockStore {
             .iter()
             .find_map(|(_, _, r)| r.as_ref().map(|r| r.data.clone()));
         let batch = IoBatch::new();
+        let mut rewritten: Vec<Arc<TopVdev>> = Vec::new();
         {
             let alloc = self.alloc.lock();
             if bp.dvas().any(|d| alloc.freed_since_watch(d.vdev, d.offset)) {
                 out.freed = true;
                 return (out, None);
             }
-            for (vdev, dva, read) in &mut reads {
+            for (vdev, dva, read) in &reads {
                 match (read.as_ref(), &good) {
                     (Some(r), _) => {
                         // Live: what the devices returned wrong counts now.
@@ -526,25 +527,24 @@ impl BlockStore {
                     (None, Some(good))
                         if vdev.readable() && vdev.write(dva.offset, good, &batch).is_ok() =>
                     {
-                        dva.asize = 0; // marks the copy as rewritten
+                        rewritten.push(vdev.clone());
                     }
                     _ => {}
                 }
             }
         }
         let failed = batch.wait();
-        for (vdev, dva, read) in &reads {
-            let vdev_failed = || {
-                failed
-                    .iter()
-                    .any(|(l, _)| vdev.leaves.iter().any(|v| Arc::ptr_eq(v, l)))
-            };
-            match read {
-                Some(r) => out.repaired_bytes += vdev.count_repaired(&r.fixes, &failed).1,
-                None if dva.asize == 0 && !vdev_failed() => {
-                    out.repaired_bytes += good.as_ref().map_or(0, |g| g.len() as u64);
-                }
-                None => {}
+        for (vdev, _, read) in &reads {
+            if let Some(r) = read {
+                out.repaired_bytes += vdev.count_repaired(&r.fixes, &failed).1;
+            }
+        }
+        for vdev in rewritten {
+            let vdev_failed = failed
+                .iter()
+                .any(|(l, _)| vdev.leaves.iter().any(|v| Arc::ptr_eq(v, l)));
+            if !vdev_failed {
+                out.repaired_bytes += good.as_ref().map_or(0, |g| g.len() as u64);
             }
         }
         out.unrecoverable = good.is_none();

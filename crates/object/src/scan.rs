@@ -591,7 +591,7 @@ fn scan_thread(weak: Weak<ObjectStore>) {
             Ok(r) => r,
             Err(e) => {
                 if !store.pool().is_closed() {
-                    tracing_error(&format!("scrub walk failed: {e}"));
+                    report_failure(&format!("scrub walk failed: {e}"));
                 }
                 break;
             }
@@ -707,7 +707,7 @@ fn finish_resilver(store: &ObjectStore, st: &ScanState) {
     if whole {
         // The labels stop recording what the devices lacked.
         if let Err(e) = store.pool().resilvered() {
-            tracing_error(&format!("cannot record the finished resilver: {e}"));
+            report_failure(&format!("cannot record the finished resilver: {e}"));
         }
     }
     store.pool().log_history(&format!(
@@ -725,7 +725,7 @@ fn finish_resilver(store: &ObjectStore, st: &ScanState) {
 }
 
 /// A scan failure with no caller to return it to goes to stderr, as the sync thread's do.
-fn tracing_error(msg: &str) {
+fn report_failure(msg: &str) {
     eprintln!("tank: {msg}");
 }
 
@@ -821,12 +821,6 @@ struct CollectState {
     errors: Vec<(u64, u64)>,
 }
 
-impl Collector<'_> {
-    fn in_region(&self, st: &CollectState, addr: (u32, u64)) -> bool {
-        addr >= self.cursor && st.limit.is_none_or(|l| addr < l)
-    }
-}
-
 impl NodeStore for Collector<'_> {
     fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
         let (outcome, data) = self.blocks.scrub(bp);
@@ -885,6 +879,10 @@ impl ScanVisitor for Visit<'_, '_> {
 }
 
 impl Collector<'_> {
+    fn in_region(&self, st: &CollectState, addr: (u32, u64)) -> bool {
+        addr >= self.cursor && st.limit.is_none_or(|l| addr < l)
+    }
+
     /// Collects a block if its address is in the region.
     fn push(&self, st: &mut CollectState, object: u64, bp: &BlockPtr) {
         if !self.in_region(st, address(bp)) {
@@ -896,14 +894,13 @@ impl Collector<'_> {
             id,
             object,
         });
-        let c = self;
-        if st.entries.len() >= 2 * c.budget {
+        if st.entries.len() >= 2 * self.budget {
             // Keep the lowest addresses; the region now ends at the first one dropped.
             st.entries.sort_unstable_by_key(|e| address(&e.bp));
             st.entries.dedup_by_key(|e| address(&e.bp));
-            if st.entries.len() > c.budget {
-                st.limit = Some(address(&st.entries[c.budget].bp));
-                st.entries.truncate(c.budget);
+            if st.entries.len() > self.budget {
+                st.limit = Some(address(&st.entries[self.budget].bp));
+                st.entries.truncate(self.budget);
             }
         }
     }

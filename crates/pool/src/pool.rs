@@ -532,8 +532,8 @@ impl Pool {
         })
     }
 
-    /// A leaf by path (as `status` shows it) or guid, with its top-level vdev.
-    fn find_leaf(&self, name: &str) -> Result<(Arc<TopVdev>, Arc<Leaf>), PoolError> {
+    /// A leaf by path (as `status` shows it), file name or guid, with its top-level vdev.
+    pub fn find_leaf(&self, name: &str) -> Result<(Arc<TopVdev>, Arc<Leaf>), PoolError> {
         for (_, top) in &self.tops() {
             for leaf in &top.leaves {
                 let is = |path: &str, guid: u64| {

@@ -848,17 +848,15 @@ fn replace(a: ReplaceArgs) -> Result<()> {
     let opened = open_pool(&a.name)?;
     let result = (|| -> Result<()> {
         let size = a.size.as_deref().map(parse_size).transpose()?;
-        let is_old = |p: &str| {
-            p == a.old
-                || std::path::Path::new(p)
-                    .file_name()
-                    .is_some_and(|f| f == a.old.as_str())
-        };
         let leaves = opened.pool.leaf_list();
-        let Some((_, old_leaf)) = leaves.iter().find(|(_, l)| is_old(&l.path())) else {
-            bail!("no such device in pool '{}': {}", a.name, a.old);
-        };
-        let new = a.new.clone().unwrap_or_else(|| old_leaf.path());
+        let (_, old_leaf) = opened.pool.find_leaf(&a.old)?;
+        // Without NEW, the disk at the old device's place (for a slot a hot spare stands in
+        // for: the failed device's, not the spare's).
+        let new = a.new.clone().unwrap_or_else(|| {
+            old_leaf
+                .spare_for()
+                .map_or_else(|| old_leaf.path(), |(_, path)| path)
+        });
         let new_abs = crate::pools::absolute(&new)?;
         if new_abs == old_leaf.path() {
             // The same device again (a disk swapped in place): only once it is out of use.

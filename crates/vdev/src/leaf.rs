@@ -371,11 +371,14 @@ impl Leaf {
         }
     }
 
-    /// Whether the leaf may lack a block born in `birth`.
+    /// Whether the leaf may lack a block born in `birth`. On every read: a leaf with a
+    /// dirty time log is always resilvering, so healthy leaves answer without a lock.
     pub fn is_stale(&self, birth: u64) -> bool {
-        self.dtl
-            .lock()
-            .is_some_and(|(first, last)| birth >= first && birth <= last)
+        self.is_resilvering()
+            && self
+                .dtl
+                .lock()
+                .is_some_and(|(first, last)| birth >= first && birth <= last)
     }
 
     /// Whether the leaf lacks redundancy it should have: missing txgs, or rebuilt and not
