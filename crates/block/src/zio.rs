@@ -57,6 +57,13 @@ pub struct PendingBlock {
     pending: Option<(Arc<TopVdev>, tank_vdev::PendingRead)>,
 }
 
+impl PendingBlock {
+    /// The block being read.
+    pub fn bp(&self) -> &BlockPtr {
+        &self.bp
+    }
+}
+
 /// Counters of what reads had to do.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ReadStats {
@@ -571,6 +578,13 @@ impl BlockStore {
     /// (other copies, reconstruction, healing) when the fast path did not verify.
     pub fn complete(&self, p: PendingBlock) -> Result<Vec<u8>, BlockError> {
         let bp = p.bp;
+        let physical = self.complete_physical(p)?;
+        bp.compression.decompress_owned(physical, bp.lsize as usize)
+    }
+
+    /// Finishes a submitted read with the verified physical (stored) bytes.
+    pub fn complete_physical(&self, p: PendingBlock) -> Result<Vec<u8>, BlockError> {
+        let bp = p.bp;
         if let Some((vdev, pending)) = p.pending {
             let psize = bp.psize as usize;
             let verify = |buf: &[u8]| {
@@ -580,10 +594,10 @@ impl BlockStore {
             };
             if let Some(mut buf) = vdev.finish_read(pending, &verify) {
                 buf.truncate(psize);
-                return bp.compression.decompress_owned(buf, bp.lsize as usize);
+                return Ok(buf);
             }
         }
-        self.read(&bp)
+        self.read_physical(&bp)
     }
 
     /// Reads a block and returns its logical bytes.

@@ -42,6 +42,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tank_block::blkptr::hex;
 use tank_block::BlockPtr;
+use tank_object::cache::CachePolicy;
 use tank_object::{
     HookContext, ObjectError, ObjectSet, ObjectStore, Space, SyncHook, SyncReport, WritePolicy,
     META_OBJSET, ROOT_OBJSET,
@@ -753,9 +754,22 @@ impl Dsl {
             }
             let os = self.store.objset(r.objset)?;
             os.set_snapshot_txgs(st.prev_snap_txg(r), r.origin_txg);
-            os.set_policy(Self::policy_of(&st, &pool, r.id));
+            Self::apply_policy(&os, &st, &pool, r.id);
         }
         Ok(())
+    }
+
+    /// Sets how an object set writes and caches its blocks from its effective properties.
+    fn apply_policy(os: &ObjectSet, st: &State, pool: &str, id: u64) {
+        os.set_policy(Self::policy_of(st, pool, id));
+        let cache = st
+            .effective(
+                pool,
+                id,
+                props::lookup("primarycache").expect("known property"),
+            )
+            .0;
+        os.set_primarycache(CachePolicy::parse(&cache).unwrap_or_default());
     }
 
     fn policy_of(st: &State, pool: &str, id: u64) -> WritePolicy {
@@ -1422,7 +1436,7 @@ impl Dsl {
         };
         st.records.insert(id, rec);
         st.dirty_records.insert(id);
-        os.set_policy(Self::policy_of(st, &self.pool_name(), id));
+        Self::apply_policy(&os, st, &self.pool_name(), id);
         Ok(id)
     }
 
@@ -1955,7 +1969,7 @@ impl Dsl {
         st.records.insert(id, rec);
         st.dirty_records.insert(id);
         st.rec_mut(sid)?.clones.push(id);
-        os.set_policy(Self::policy_of(st, &pool, id));
+        Self::apply_policy(&os, st, &pool, id);
         Ok(vec![id])
     }
 
@@ -2113,7 +2127,7 @@ impl Dsl {
         let pool = self.pool_name();
         for d in self.subtree_locked(st, id) {
             if let Ok(os) = self.store.objset(st.rec(d)?.objset) {
-                os.set_policy(Self::policy_of(st, &pool, d));
+                Self::apply_policy(&os, st, &pool, d);
             }
         }
         Ok(())

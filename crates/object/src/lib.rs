@@ -6,6 +6,9 @@
 //! `scan.rs` is the scrub that walks them all.
 //! This is the API the datasets layer builds on.
 
+pub mod arc;
+pub mod cache;
+pub mod l2arc;
 pub mod objset;
 pub mod scan;
 pub mod store;

@@ -23,17 +23,17 @@
 //! written by many threads, each change under its own transaction.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tank_block::{
-    AllocClass, BlockKind, BlockPtr, BlockStore, ChecksumKind, Compression, PendingBlock,
-    WriteProps,
+    AllocClass, BlockKind, BlockPtr, BlockStore, ChecksumKind, Compression, WriteProps,
 };
 use tank_pool::{PoolError, Tx};
 use tank_vdev::IoBatch;
 
+use crate::cache::{BlockCache, BlockData, CachePolicy, CachedRead};
 use crate::tree::{
     BlockRef, CowTree, Key, NodeRef, NodeStore, TreeError, TreeSnapshot, Value, WriteKind,
 };
@@ -194,18 +194,23 @@ fn key(obj: u64, kind: u8, offset: u64) -> Key {
     Key { obj, kind, offset }
 }
 
-fn read_node(blocks: &BlockStore, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-    blocks.read(bp).map_err(|e| TreeError::Store(e.to_string()))
+fn read_node(cache: &BlockCache, bp: &BlockPtr, policy: CachePolicy) -> Result<Vec<u8>, TreeError> {
+    cache
+        .read(bp, true, policy)
+        .map(BlockData::into_vec)
+        .map_err(|e| TreeError::Store(e.to_string()))
 }
 
-/// Reads blocks for the live tree (writes happen only in a sync).
+/// Reads blocks for the live tree (writes happen only in a sync), through the ARC as the
+/// object set's `primarycache` says.
 pub(crate) struct ReadStore<'a> {
-    pub blocks: &'a BlockStore,
+    pub cache: &'a BlockCache,
+    pub policy: CachePolicy,
 }
 
 impl NodeStore for ReadStore<'_> {
     fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-        read_node(self.blocks, bp)
+        read_node(self.cache, bp, self.policy)
     }
     fn write_block(&self, _data: &[u8], _kind: WriteKind) -> Result<BlockPtr, TreeError> {
         Err(TreeError::Store("write outside of a sync".into()))
@@ -219,6 +224,8 @@ impl NodeStore for ReadStore<'_> {
 /// blocks go (see `SyncReport`) and what the sync did to the object set's space.
 struct SyncStore<'a> {
     blocks: &'a BlockStore,
+    cache: &'a BlockCache,
+    cache_policy: CachePolicy,
     txg: u64,
     batch: &'a Arc<IoBatch>,
     node_policy: WritePolicy,
@@ -233,6 +240,7 @@ impl SyncStore<'_> {
         let mut report = self.report.lock();
         if bp.birth_txg > self.prev_snap_txg {
             self.blocks.free(bp, self.txg)?;
+            self.cache.forget(bp);
             report.freed.add(space);
         } else if bp.birth_txg > self.origin_txg {
             report.dead.push(*bp);
@@ -245,7 +253,7 @@ impl SyncStore<'_> {
 
 impl NodeStore for SyncStore<'_> {
     fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-        read_node(self.blocks, bp)
+        read_node(self.cache, bp, self.cache_policy)
     }
     fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError> {
         let props = match kind {
@@ -296,7 +304,9 @@ pub type ErrorSink = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 pub struct ObjectSet {
     pub id: u64,
-    blocks: Arc<BlockStore>,
+    cache: Arc<BlockCache>,
+    /// The `primarycache` property (`CachePolicy` as u8).
+    primarycache: AtomicU8,
     /// Told of every read that failed for want of a good copy (the pool's error log).
     error_sink: std::sync::OnceLock<ErrorSink>,
     tree: Mutex<CowTree>,
@@ -330,7 +340,7 @@ struct Prefetch {
     /// Object → where its last read ended.
     streams: HashMap<u64, u64>,
     /// (object, block id) → the pointer it was read for and the read in flight.
-    blocks: HashMap<(u64, u64), (BlockPtr, PendingBlock)>,
+    blocks: HashMap<(u64, u64), (BlockPtr, CachedRead)>,
 }
 
 impl std::fmt::Debug for ObjectSet {
@@ -342,13 +352,14 @@ impl std::fmt::Debug for ObjectSet {
 impl ObjectSet {
     pub(crate) fn open(
         id: u64,
-        blocks: Arc<BlockStore>,
+        cache: Arc<BlockCache>,
         root: Option<BlockPtr>,
         mode: ObjsetMode,
     ) -> Self {
         Self {
             id,
-            blocks,
+            cache,
+            primarycache: AtomicU8::new(CachePolicy::All.to_u8()),
             error_sink: std::sync::OnceLock::new(),
             tree: Mutex::new(CowTree::open(root)),
             open_frees: Mutex::new(Vec::new()),
@@ -455,6 +466,15 @@ impl ObjectSet {
         *self.policy.lock()
     }
 
+    /// Sets what of this object set's blocks the ARC keeps (`primarycache`).
+    pub fn set_primarycache(&self, policy: CachePolicy) {
+        self.primarycache.store(policy.to_u8(), Ordering::Release);
+    }
+
+    pub fn primarycache(&self) -> CachePolicy {
+        CachePolicy::from_u8(self.primarycache.load(Ordering::Acquire))
+    }
+
     /// The committed root of the tree (as of the last sync).
     pub fn root(&self) -> Option<BlockPtr> {
         *self.root.lock()
@@ -462,7 +482,8 @@ impl ObjectSet {
 
     fn store(&self) -> ReadStore<'_> {
         ReadStore {
-            blocks: &self.blocks,
+            cache: &self.cache,
+            policy: self.primarycache(),
         }
     }
 
@@ -505,7 +526,7 @@ impl ObjectSet {
     ) -> Result<Option<Vec<u8>>, ObjectError> {
         match self.tree_get(&key(obj, kind, offset))? {
             None => Ok(None),
-            Some(v) => Ok(Some(self.value_bytes(&v)?)),
+            Some(v) => Ok(Some(self.value_bytes(&v, kind != KIND_DATA)?.into_vec())),
         }
     }
 
@@ -550,21 +571,23 @@ impl ObjectSet {
         )?;
         items
             .into_iter()
-            .map(|(k, v)| Ok((k.offset, self.value_bytes(&v)?)))
+            .map(|(k, v)| Ok((k.offset, self.value_bytes(&v, true)?.into_vec())))
             .collect()
     }
 
-    fn value_bytes(&self, v: &Value) -> Result<Vec<u8>, ObjectError> {
+    /// The bytes of a value; `meta` says whether a stored block counts as metadata for the
+    /// ARC (everything but file data does).
+    fn value_bytes(&self, v: &Value, meta: bool) -> Result<BlockData, ObjectError> {
         match v {
-            Value::Inline(b) => Ok(b.to_vec()),
+            Value::Inline(b) => Ok(BlockData::Owned(b.to_vec())),
             Value::Block(r) => {
                 if let Some(d) = r.dirty_data() {
-                    return Ok(d.as_ref().clone());
+                    return Ok(BlockData::Shared(d));
                 }
                 let bp = r
                     .bp()
                     .ok_or_else(|| ObjectError::Corrupt("block reference without data".into()))?;
-                Ok(self.blocks.read(&bp)?)
+                Ok(self.cache.read(&bp, meta, self.primarycache())?)
             }
         }
     }
@@ -655,7 +678,7 @@ impl ObjectSet {
     fn read_block(&self, obj: u64, blkid: u64) -> Result<Option<Vec<u8>>, ObjectError> {
         match self.tree_get(&key(obj, KIND_DATA, blkid))? {
             None => Ok(None),
-            Some(v) => Ok(Some(self.value_bytes(&v)?)),
+            Some(v) => Ok(Some(self.value_bytes(&v, false)?.into_vec())),
         }
     }
 
@@ -714,20 +737,21 @@ impl ObjectSet {
             &key(obj, KIND_DATA, last + 1),
             (last - first + 1) as usize,
         )?;
-        let mut blocks: Vec<(u64, Vec<u8>)> = Vec::with_capacity(items.len());
+        let mut blocks: Vec<(u64, BlockData)> = Vec::with_capacity(items.len());
         let mut on_disk: Vec<(u64, BlockPtr)> = Vec::new();
         for (k, v) in items {
             match &v {
                 Value::Block(r) if r.dirty_data().is_none() => match r.bp() {
                     Some(bp) => on_disk.push((k.offset, bp)),
-                    None => blocks.push((k.offset, self.value_bytes(&v)?)),
+                    None => blocks.push((k.offset, self.value_bytes(&v, false)?)),
                 },
-                _ => blocks.push((k.offset, self.value_bytes(&v)?)),
+                _ => blocks.push((k.offset, self.value_bytes(&v, false)?)),
             }
         }
+        let policy = self.primarycache();
         // Keep up to READ_PARALLEL blocks in flight; verify and copy them in order.
         // Blocks a sequential stream prefetched for us, if they are still the current ones.
-        let mut prefetched: HashMap<u64, PendingBlock> = {
+        let mut prefetched: HashMap<u64, CachedRead> = {
             let mut pf = self.prefetch.lock();
             on_disk
                 .iter()
@@ -745,7 +769,7 @@ impl ObjectSet {
                     Some((blkid, bp)) => {
                         let pending = prefetched
                             .remove(&blkid)
-                            .unwrap_or_else(|| self.blocks.submit(&bp));
+                            .unwrap_or_else(|| self.cache.submit(&bp, false));
                         queue.push_back((blkid, pending));
                     }
                     None => break,
@@ -754,7 +778,7 @@ impl ObjectSet {
             let Some((blkid, pending)) = queue.pop_front() else {
                 break;
             };
-            blocks.push((blkid, self.blocks.complete(pending)?));
+            blocks.push((blkid, self.cache.complete(pending, false, policy)?));
         }
         self.prefetch_after(obj, offset, end, last)?;
         let mut out = vec![0u8; (end - offset) as usize];
@@ -813,8 +837,10 @@ impl ObjectSet {
                     if pf.blocks.len() >= PREFETCH_MAX {
                         pf.blocks.clear();
                     }
-                    pf.blocks
-                        .insert((obj, k.offset), (bp, self.blocks.submit(&bp)));
+                    // Skipped when cached already or the prefetch budget is spent.
+                    if let Some(read) = self.cache.prefetch(&bp) {
+                        pf.blocks.insert((obj, k.offset), (bp, read));
+                    }
                 }
             }
         }
@@ -962,6 +988,8 @@ impl ObjectSet {
         );
         let store = SyncStore {
             blocks,
+            cache: &self.cache,
+            cache_policy: self.primarycache(),
             txg,
             batch,
             node_policy: self.policy(),

@@ -29,6 +29,7 @@ use tank_block::{BlockPtr, BlockStore};
 use tank_pool::{Pool, PoolError, SyncContext, Syncer, Tx};
 use tank_vdev::IoBatch;
 
+use crate::cache::{BlockCache, CachePolicy};
 use crate::objset::{ObjectSet, ObjsetMap, ObjsetMode, ReadStore, Space, SyncReport};
 use crate::tree::CowTree;
 use crate::ObjectError;
@@ -57,6 +58,8 @@ pub struct HookContext<'a> {
 
 pub struct ObjectStore {
     pool: Arc<Pool>,
+    /// This pool instance's reads through the process's ARC and the pool's L2ARC.
+    cache: Arc<BlockCache>,
     objsets: RwLock<ObjsetMap>,
     /// Object sets created or removed since the last sync: the table must be committed.
     dirty_table: AtomicBool,
@@ -83,21 +86,25 @@ impl ObjectStore {
                 ObjsetMode::Normal
             }
         };
+        let cache = Arc::new(BlockCache::new(
+            pool.blocks.clone(),
+            crate::arc::global().clone(),
+        ));
         let mut map = ObjsetMap::new();
         for (id, root) in pool.objsets() {
             map.insert(
                 id,
-                Arc::new(ObjectSet::open(id, pool.blocks.clone(), root, mode(id))),
+                Arc::new(ObjectSet::open(id, cache.clone(), root, mode(id))),
             );
         }
         let fresh = map.is_empty();
         for id in [META_OBJSET, ROOT_OBJSET] {
-            map.entry(id).or_insert_with(|| {
-                Arc::new(ObjectSet::open(id, pool.blocks.clone(), None, mode(id)))
-            });
+            map.entry(id)
+                .or_insert_with(|| Arc::new(ObjectSet::open(id, cache.clone(), None, mode(id))));
         }
         let store = Arc::new(Self {
             pool: pool.clone(),
+            cache,
             objsets: RwLock::new(map),
             dirty_table: AtomicBool::new(fresh),
             hook: Mutex::new(None),
@@ -134,6 +141,11 @@ impl ObjectStore {
         &self.pool.blocks
     }
 
+    /// Cached reads of this pool's blocks (ARC and L2ARC).
+    pub fn cache(&self) -> &Arc<BlockCache> {
+        &self.cache
+    }
+
     /// Installs the layer above's sync hook (once, before its first sync task).
     pub fn set_hook(&self, hook: Arc<dyn SyncHook>) {
         *self.hook.lock() = Some(hook);
@@ -164,7 +176,7 @@ impl ObjectStore {
         let id = Self::next_id(&map);
         let os = Arc::new(ObjectSet::open(
             id,
-            self.pool.blocks.clone(),
+            self.cache.clone(),
             None,
             ObjsetMode::Normal,
         ));
@@ -186,7 +198,7 @@ impl ObjectStore {
         let id = Self::next_id(&map);
         let os = Arc::new(ObjectSet::open(
             id,
-            self.pool.blocks.clone(),
+            self.cache.clone(),
             root,
             ObjsetMode::Normal,
         ));
@@ -222,7 +234,7 @@ impl ObjectStore {
     pub fn open_snapshot(&self, id: u64, root: Option<BlockPtr>) -> Arc<ObjectSet> {
         Arc::new(ObjectSet::open(
             id,
-            self.pool.blocks.clone(),
+            self.cache.clone(),
             root,
             ObjsetMode::ReadOnly,
         ))
@@ -234,10 +246,9 @@ impl ObjectStore {
         root: Option<BlockPtr>,
         min_txg: u64,
     ) -> Result<Vec<BlockPtr>, ObjectError> {
-        let blocks = &self.pool.blocks;
         let mut found = Vec::new();
-        CowTree::open(root)
-            .walk_born_after(&ReadStore { blocks }, min_txg, &mut |bp, _| found.push(*bp))?;
+        let store = self.read_store();
+        CowTree::open(root).walk_born_after(&store, min_txg, &mut |bp, _| found.push(*bp))?;
         Ok(found)
     }
 
@@ -254,8 +265,17 @@ impl ObjectStore {
         for bp in self.blocks_born_after(root, min_txg)? {
             space.add(Space::of(blocks, &bp));
             blocks.free(&bp, txg)?;
+            self.cache.forget(&bp);
         }
         Ok(space)
+    }
+
+    /// Reads of committed trees outside any object set: their nodes are cached as metadata.
+    pub(crate) fn read_store(&self) -> ReadStore<'_> {
+        ReadStore {
+            cache: &self.cache,
+            policy: CachePolicy::Metadata,
+        }
     }
 
     /// Starts a transaction charged with `bytes` of new data.
@@ -332,6 +352,7 @@ impl Syncer for ObjectStore {
 
     fn closing(&self) {
         self.scan_suspend();
+        self.cache.arc().remove_spa(self.cache.spa());
     }
 
     fn devices_changed(&self) {
