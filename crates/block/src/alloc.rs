@@ -264,6 +264,13 @@ impl SpaceAllocator {
         });
     }
 
+    /// Forgets a vdev that holds no blocks (a removed log or cache device).
+    pub fn remove_vdev(&mut self, id: u32) {
+        if let Some(slot) = self.vdevs.get_mut(id as usize) {
+            *slot = None;
+        }
+    }
+
     pub fn vdev(&self, id: u32) -> Option<&VdevSpace> {
         self.vdevs.get(id as usize).and_then(|v| v.as_ref())
     }

@@ -186,10 +186,20 @@ impl BlockStore {
     }
 
     /// Puts a reshaped vdev in the place of the one with its id (`attach`, `detach`).
+    /// Sets a vdev by its id (replacing a reshaped one, or adding one).
     pub fn set_vdev(&self, top: Arc<TopVdev>) {
         let mut vdevs = self.vdevs.write();
-        if let Some(slot) = vdevs.get_mut(top.id as usize) {
-            *slot = Some(top);
+        let id = top.id as usize;
+        if vdevs.len() <= id {
+            vdevs.resize(id + 1, None);
+        }
+        vdevs[id] = Some(top);
+    }
+
+    /// Forgets a removed vdev (its id stays unused).
+    pub fn remove_vdev(&self, id: u32) {
+        if let Some(slot) = self.vdevs.write().get_mut(id as usize) {
+            *slot = None;
         }
     }
 

@@ -383,6 +383,22 @@ impl AdaptiveCache {
     /// Adds a block just read (verified physical bytes). A key in a ghost list adapts `p`
     /// and enters the MFU; a new key enters the MRU. Evicts down to the target.
     pub fn insert(&self, key: ArcKey, data: Arc<Vec<u8>>, meta: bool, prefetch: bool) {
+        self.insert_entry(key, data, meta, prefetch, false);
+    }
+
+    /// Adds a block read back from an L2ARC device (which still holds it: not fed again).
+    pub fn insert_from_l2(&self, key: ArcKey, data: Arc<Vec<u8>>, meta: bool) {
+        self.insert_entry(key, data, meta, false, true);
+    }
+
+    fn insert_entry(
+        &self,
+        key: ArcKey,
+        data: Arc<Vec<u8>>,
+        meta: bool,
+        prefetch: bool,
+        on_l2: bool,
+    ) {
         let mut g = self.inner.lock();
         if g.mru.contains_key(&key) || g.mfu.contains_key(&key) {
             return;
@@ -391,7 +407,7 @@ impl AdaptiveCache {
             data,
             meta,
             prefetch,
-            on_l2: false,
+            on_l2,
         };
         let n = entry.charge();
         // A single block larger than the whole cache is not kept.

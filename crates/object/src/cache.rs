@@ -93,8 +93,10 @@ impl BlockData {
 
 /// A read started by [`BlockCache::submit`].
 pub enum CachedRead {
-    /// Answered by the ARC or the L2ARC: the verified physical bytes.
+    /// Answered by the ARC: the verified physical bytes.
     Hit(BlockPtr, Arc<Vec<u8>>),
+    /// Answered by the L2ARC (verified): goes back into the ARC.
+    L2Hit(BlockPtr, Arc<Vec<u8>>),
     /// In flight from the pool (holding a share of the prefetch budget when read ahead).
     Pending(PendingBlock, Option<PrefetchCharge>),
 }
@@ -103,6 +105,7 @@ impl std::fmt::Debug for CachedRead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Hit(bp, _) => write!(f, "Hit({})", bp.describe()),
+            Self::L2Hit(bp, _) => write!(f, "L2Hit({})", bp.describe()),
             Self::Pending(p, _) => write!(f, "Pending({})", p.bp().describe()),
         }
     }
@@ -176,7 +179,7 @@ impl BlockCache {
                 return CachedRead::Hit(*bp, data);
             }
             if let Some(data) = self.l2.read(&key, bp) {
-                return CachedRead::Hit(*bp, data);
+                return CachedRead::L2Hit(*bp, data);
             }
         }
         CachedRead::Pending(self.blocks.submit(bp), None)
@@ -203,6 +206,12 @@ impl BlockCache {
     ) -> Result<BlockData, BlockError> {
         match r {
             CachedRead::Hit(bp, data) => Self::logical(&bp, data),
+            CachedRead::L2Hit(bp, data) => {
+                if let Some(key) = self.key(&bp).filter(|_| policy.keeps(meta)) {
+                    self.arc.insert_from_l2(key, data.clone(), meta);
+                }
+                Self::logical(&bp, data)
+            }
             CachedRead::Pending(p, charge) => {
                 let bp = *p.bp();
                 let physical = self.blocks.complete_physical(p)?;

@@ -19,7 +19,7 @@
 //! device costs speed, never data.
 //!
 //! **Persistence** (ZFS's persistent L2ARC). After its blocks, each feed round writes a log
-//! block listing them (see `docs/FORMAT.md` §11), chained to the previous one by address,
+//! block listing them (see `docs/FORMAT.md` §12), chained to the previous one by address,
 //! length and checksum, then rewrites the device header (first 4 KiB of the data area)
 //! with the write hand and a pointer to the newest log block. At import the chain is walked
 //! from the newest log block back, and the headers are rebuilt for every entry whose space

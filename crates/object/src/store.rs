@@ -26,8 +26,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use tank_block::{BlockPtr, BlockStore};
-use tank_pool::{Pool, PoolError, SyncContext, Syncer, Tx};
-use tank_vdev::IoBatch;
+use tank_pool::{Pool, PoolError, SyncContext, Syncer, Tx, VdevClass};
+use tank_vdev::{IoBatch, TopVdev};
 
 use crate::cache::{BlockCache, CachePolicy};
 use crate::objset::{ObjectSet, ObjsetMap, ObjsetMode, ReadStore, Space, SyncReport};
@@ -64,6 +64,8 @@ pub struct ObjectStore {
     /// Object sets created or removed since the last sync: the table must be committed.
     dirty_table: AtomicBool,
     hook: Mutex<Option<Arc<dyn SyncHook>>>,
+    /// The L2ARC feed thread runs (while the pool has cache devices).
+    feeding: AtomicBool,
     pub(crate) scanner: crate::scan::Scanner,
     /// Itself, for work the sync thread hands to a thread of its own (a resilver).
     me: std::sync::OnceLock<std::sync::Weak<ObjectStore>>,
@@ -79,6 +81,15 @@ impl ObjectStore {
     /// Opens the object sets of `pool` and becomes its syncer. A pool without object sets
     /// (just created) gets the meta and root object sets.
     pub fn open(pool: Arc<Pool>) -> Result<Arc<Self>, ObjectError> {
+        Self::open_with_arc(pool, crate::arc::global().clone())
+    }
+
+    /// Opens with reads through `arc` instead of the process's ARC (tests and benchmarks
+    /// that need a cache of their own size).
+    pub fn open_with_arc(
+        pool: Arc<Pool>,
+        arc: Arc<crate::arc::AdaptiveCache>,
+    ) -> Result<Arc<Self>, ObjectError> {
         let mode = |id| {
             if id == META_OBJSET {
                 ObjsetMode::SyncOnly
@@ -86,10 +97,7 @@ impl ObjectStore {
                 ObjsetMode::Normal
             }
         };
-        let cache = Arc::new(BlockCache::new(
-            pool.blocks.clone(),
-            crate::arc::global().clone(),
-        ));
+        let cache = Arc::new(BlockCache::new(pool.blocks.clone(), arc));
         let mut map = ObjsetMap::new();
         for (id, root) in pool.objsets() {
             map.insert(
@@ -108,6 +116,7 @@ impl ObjectStore {
             objsets: RwLock::new(map),
             dirty_table: AtomicBool::new(fresh),
             hook: Mutex::new(None),
+            feeding: AtomicBool::new(false),
             scanner: crate::scan::Scanner::new(),
             me: std::sync::OnceLock::new(),
         });
@@ -120,7 +129,69 @@ impl ObjectStore {
         if fresh {
             pool.wait_synced()?;
         }
+        store.cache_devices_changed();
         Ok(store)
+    }
+
+    /// Matches the L2ARC's devices with the pool's cache vdevs (at open, and after a cache
+    /// device was added or removed), and runs the feed while there are any.
+    pub fn cache_devices_changed(self: &Arc<Self>) {
+        let l2 = self.cache.l2();
+        l2.set_pool_guid(self.pool.guid());
+        let tops: Vec<Arc<TopVdev>> = self
+            .pool
+            .tops()
+            .into_iter()
+            .filter(|(c, _)| *c == VdevClass::Cache)
+            .map(|(_, t)| t)
+            .collect();
+        let have = l2.device_guids();
+        for g in &have {
+            if !tops.iter().any(|t| t.guid == *g) {
+                l2.remove_device(*g);
+            }
+        }
+        for t in tops {
+            if !have.contains(&t.guid) {
+                l2.add_device(t);
+            }
+        }
+        if l2.device_guids().is_empty() || self.feeding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("l2arc_feed".into())
+            .spawn(move || Self::feed_thread(weak));
+        if spawned.is_err() {
+            self.feeding.store(false, Ordering::Release);
+        }
+    }
+
+    /// Every `l2arc_feed_secs`, one feed round; ends with the pool or its last cache device.
+    fn feed_thread(weak: std::sync::Weak<ObjectStore>) {
+        loop {
+            let secs = crate::l2arc::tunables()
+                .feed_secs
+                .load(Ordering::Relaxed)
+                .clamp(1, 60);
+            for _ in 0..secs * 10 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                match weak.upgrade() {
+                    Some(s) if !s.pool.is_closed() => {}
+                    _ => return,
+                }
+            }
+            let Some(store) = weak.upgrade() else {
+                return;
+            };
+            let l2 = store.cache.l2();
+            if l2.device_guids().is_empty() {
+                store.feeding.store(false, Ordering::Release);
+                return;
+            }
+            l2.feed(store.cache.arc(), store.cache.spa());
+        }
     }
 
     /// Routes an object set's unrecoverable reads into the pool's error log.

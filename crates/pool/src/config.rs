@@ -88,6 +88,14 @@ pub struct TopConfig {
     #[serde(default)]
     pub parity: u8,
     pub children: Vec<LeafConfig>,
+    /// Bytes of data area of each child when it differs from the pool's `leaf_asize`: log
+    /// and cache devices (usually SSDs) are used at their own size. 0: `leaf_asize`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub asize: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +121,17 @@ pub struct PoolConfig {
     /// put in its place (and resilvered).
     #[serde(default)]
     pub autoreplace: bool,
+}
+
+impl TopConfig {
+    /// The data-area size of this vdev's children.
+    pub fn leaf_asize(&self, pool_leaf_asize: u64) -> u64 {
+        if self.asize > 0 {
+            self.asize
+        } else {
+            pool_leaf_asize
+        }
+    }
 }
 
 impl PoolConfig {
@@ -159,8 +178,12 @@ impl PoolConfig {
         if !(9..=16).contains(&cfg.ashift) {
             return Err(format!("invalid ashift {}", cfg.ashift));
         }
+        // Ids ascend; a removed log, cache or spare vdev leaves its id unused (a hole).
+        let mut next = 0u32;
         for (i, t) in cfg.vdevs.iter().enumerate() {
-            if t.id as usize != i || t.children.is_empty() {
+            let ok = t.id >= next;
+            next = t.id.saturating_add(1);
+            if !ok || t.id > 1 << 16 || t.children.is_empty() {
                 return Err(format!("invalid vdev {i} in config"));
             }
             if t.kind == TopKind::Raidz

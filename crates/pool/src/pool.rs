@@ -301,9 +301,17 @@ impl Pool {
                 }
             }
         }
-        // Only data and special vdevs set the common leaf size; the smallest wins.
+        // Data, special and spare devices set the common leaf size (the smallest wins); log
+        // and cache devices are used at their own size.
+        let own_size: std::collections::HashSet<&String> = spec
+            .log
+            .iter()
+            .flat_map(|v| v.devices())
+            .chain(spec.cache.iter())
+            .collect();
         let sizes: Vec<(String, u64)> = all
             .iter()
+            .filter(|d| !own_size.contains(d))
             .map(|d| (d.clone(), usable_size(devices[d].size())))
             .collect();
         let min = sizes
@@ -355,6 +363,7 @@ impl Pool {
                         dtl: None,
                     })
                     .collect(),
+                asize: 0,
             });
         };
         for v in &spec.data {
@@ -371,6 +380,17 @@ impl Pool {
         }
         for d in &spec.spare {
             push(VdevClass::Spare, &VdevSpec::Disk(d.clone()));
+        }
+        for tc in vdevs
+            .iter_mut()
+            .filter(|tc| matches!(tc.class, VdevClass::Log | VdevClass::Cache))
+        {
+            tc.asize = tc
+                .children
+                .iter()
+                .map(|lc| usable_size(devices[&lc.path].size()) / sector * sector)
+                .min()
+                .unwrap_or(0);
         }
         let config = PoolConfig {
             version: FORMAT_VERSION,
@@ -459,11 +479,12 @@ impl Pool {
             })
             .collect();
         for tc in &config.vdevs {
+            let asize = tc.leaf_asize(config.leaf_asize);
             let leaves: Vec<Arc<Leaf>> = tc
                 .children
                 .iter()
                 .map(|lc| {
-                    let leaf = Leaf::new(lc.guid, lc.path.clone(), config.leaf_asize, None);
+                    let leaf = Leaf::new(lc.guid, lc.path.clone(), asize, None);
                     leaf.set_spare_for(lc.spare_for.clone());
                     leaf.set_dtl(lc.dtl);
                     if tc.class == VdevClass::Spare {
@@ -474,13 +495,13 @@ impl Pool {
                     }
                     let dev = devs.get(&lc.guid).cloned();
                     if let Some(dev) = dev {
-                        if usable_size(dev.size()) < config.leaf_asize {
+                        if usable_size(dev.size()) < asize {
                             leaf.set_state(
                                 VdevState::Unavail,
                                 Some(format!(
                                     "device is smaller than the pool recorded ({} < {} bytes of data area): truncated?",
                                     usable_size(dev.size()),
-                                    config.leaf_asize
+                                    asize
                                 )),
                             );
                         } else {
@@ -497,7 +518,12 @@ impl Pool {
                 })
                 .collect();
             let top = Arc::new(build_top(tc, config.ashift, leaves, &codec)?);
-            slots.push(Some(top.clone()));
+            // Block pointers name vdevs by id; ids of removed vdevs stay unused.
+            let slot = tc.id as usize;
+            if slots.len() <= slot {
+                slots.resize(slot + 1, None);
+            }
+            slots[slot] = Some(top.clone());
             tops.push((tc.class, top));
         }
         let events = Arc::new(EventLog::new());
@@ -943,6 +969,250 @@ impl Pool {
             "detached".into(),
         );
         Ok(())
+    }
+
+    /// Adds vdevs, as `zpool add` does: data vdevs (the pool grows; their replication should
+    /// match the pool's unless `force`), `special`, `log` and `cache` devices and `spare`s.
+    /// Log and cache devices are used at their own size; every other device must be as
+    /// large as the pool's. Returns the ids of the new top-level vdevs.
+    pub fn add(
+        &self,
+        spec: &PoolSpec,
+        devices: &HashMap<String, DeviceRef>,
+        force: bool,
+    ) -> Result<Vec<u32>, PoolError> {
+        let refuse = |why: String| Err(PoolError::InvalidArgument(format!("cannot add: {why}")));
+        if let (false, Some(new)) = (force, spec.data.first()) {
+            let have = self
+                .config()
+                .vdevs
+                .iter()
+                .find(|tc| tc.class == VdevClass::Normal)
+                .map(|tc| match tc.kind {
+                    TopKind::Disk => "disk".to_string(),
+                    TopKind::Mirror => "mirror".to_string(),
+                    TopKind::Raidz => format!("raidz{}", tc.parity),
+                });
+            if let Some(have) = have.filter(|h| *h != new.replication()) {
+                return refuse(format!(
+                    "mismatched replication level: pool uses {have} and new vdev is {} (use -f to override)",
+                    new.replication()
+                ));
+            }
+        }
+        let (leaf_asize, ashift) = {
+            let c = self.config.lock();
+            (c.leaf_asize, c.ashift)
+        };
+        let sector = 1u64 << ashift;
+        for d in spec.all_devices() {
+            let Some(dev) = devices.get(&d) else {
+                return refuse(format!("cannot open '{d}'"));
+            };
+            if dev.size() < MIN_DEVICE_SIZE {
+                return refuse(format!(
+                    "device '{d}' is too small ({} bytes; the minimum is {} MiB)",
+                    dev.size(),
+                    MIN_DEVICE_SIZE >> 20
+                ));
+            }
+            let own_size =
+                spec.cache.contains(&d) || spec.log.iter().any(|v| v.devices().contains(&&d));
+            if !own_size && usable_size(dev.size()) < leaf_asize {
+                return refuse(format!(
+                    "device '{d}' is too small ({} bytes of data area, the pool's devices have {leaf_asize})",
+                    usable_size(dev.size())
+                ));
+            }
+            if self.leaves().iter().any(|l| l.path() == d) {
+                return refuse(format!("'{d}' is already a device of this pool"));
+            }
+            if let Some(label) = label::best_label(dev.as_ref()) {
+                if label.config.state != PoolState::Destroyed
+                    && (label.pool_guid == self.guid() || !force)
+                {
+                    return refuse(format!(
+                        "device '{d}' belongs to pool '{}' ({}){}",
+                        label.config.name,
+                        label.config.state.name(),
+                        if label.pool_guid == self.guid() {
+                            String::new()
+                        } else {
+                            "; use -f to overwrite it".into()
+                        }
+                    ));
+                }
+            }
+        }
+        let mut next_id = self
+            .config
+            .lock()
+            .vdevs
+            .iter()
+            .map(|tc| tc.id + 1)
+            .max()
+            .unwrap_or(0);
+        let mut new_tops: Vec<(TopConfig, Arc<TopVdev>)> = Vec::new();
+        let codec = Arc::new(ParityCodec::new());
+        let mut build = |class: VdevClass, v: &VdevSpec| -> Result<(), PoolError> {
+            let (kind, parity, devs) = match v {
+                VdevSpec::Disk(d) => (TopKind::Disk, 0, vec![d.clone()]),
+                VdevSpec::Mirror(d) => (TopKind::Mirror, 0, d.clone()),
+                VdevSpec::Raidz { parity, devices } => (TopKind::Raidz, *parity, devices.clone()),
+            };
+            let asize = if matches!(class, VdevClass::Log | VdevClass::Cache) {
+                devs.iter()
+                    .map(|d| usable_size(devices[d].size()) / sector * sector)
+                    .min()
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            let tc = TopConfig {
+                id: next_id,
+                guid: new_guid(),
+                class,
+                kind,
+                parity,
+                children: devs
+                    .iter()
+                    .map(|path| LeafConfig {
+                        guid: new_guid(),
+                        path: path.clone(),
+                        offline: false,
+                        spare_for: None,
+                        dtl: None,
+                    })
+                    .collect(),
+                asize,
+            };
+            next_id += 1;
+            let leaves = tc
+                .children
+                .iter()
+                .map(|lc| {
+                    let leaf = Leaf::new(
+                        lc.guid,
+                        lc.path.clone(),
+                        tc.leaf_asize(leaf_asize),
+                        Some(devices[&lc.path].clone()),
+                    );
+                    leaf.set_events(self.events.clone());
+                    leaf
+                })
+                .collect();
+            let top = Arc::new(build_top(&tc, ashift, leaves, &codec)?);
+            new_tops.push((tc, top));
+            Ok(())
+        };
+        for v in &spec.data {
+            build(VdevClass::Normal, v)?;
+        }
+        for v in &spec.special {
+            build(VdevClass::Special, v)?;
+        }
+        for v in &spec.log {
+            build(VdevClass::Log, v)?;
+        }
+        for d in &spec.cache {
+            build(VdevClass::Cache, &VdevSpec::Disk(d.clone()))?;
+        }
+        for d in &spec.spare {
+            build(VdevClass::Spare, &VdevSpec::Disk(d.clone()))?;
+        }
+        {
+            let mut alloc = self.blocks.alloc.lock();
+            for (tc, top) in &new_tops {
+                alloc.add_vdev(
+                    top.id,
+                    top.space(),
+                    top.sector(),
+                    tc.class == VdevClass::Normal,
+                );
+            }
+        }
+        let ids = new_tops.iter().map(|(tc, _)| tc.id).collect();
+        {
+            let mut tops = self.tops.write();
+            for (tc, top) in &new_tops {
+                self.blocks.set_vdev(top.clone());
+                tops.push((tc.class, top.clone()));
+            }
+        }
+        self.config.lock().change_devices(|cfg| {
+            cfg.vdevs.extend(new_tops.iter().map(|(tc, _)| tc.clone()));
+        });
+        self.write_config(PoolState::Active)?;
+        self.commit_device_change();
+        for (tc, top) in &new_tops {
+            for leaf in &top.leaves {
+                self.events.post(
+                    "sysevent.fs.zfs.vdev_add",
+                    Some(&leaf.path()),
+                    format!("class={}", tc.class.section().unwrap_or("data")),
+                );
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Removes a cache, log or (unused) spare device, as `zpool remove` does; its labels are
+    /// cleared. Removing a data vdev would need its blocks moved elsewhere first, which tank
+    /// does not do: refused. A log device is removed only after a txg sync, so nothing the
+    /// intent log holds on it is still needed.
+    pub fn remove(&self, name: &str) -> Result<(VdevClass, u64), PoolError> {
+        let (top, leaf) = self.find_leaf(name)?;
+        let refuse = |why: String| {
+            Err(PoolError::InvalidArgument(format!(
+                "cannot remove {name}: {why}"
+            )))
+        };
+        let class = self
+            .tops()
+            .iter()
+            .find(|(_, t)| t.id == top.id)
+            .map(|(c, _)| *c)
+            .unwrap_or(VdevClass::Normal);
+        match class {
+            VdevClass::Cache | VdevClass::Log | VdevClass::Spare => {}
+            _ => {
+                return refuse(
+                    "only cache, log and spare devices can be removed (moving a data vdev's blocks elsewhere is not supported)".into(),
+                )
+            }
+        }
+        if class == VdevClass::Spare && leaf.state() == VdevState::Inuse {
+            return refuse(
+                "the hot spare is in use; replace or detach the device it stands in for first"
+                    .into(),
+            );
+        }
+        if top.leaves.len() > 1 {
+            return refuse(format!(
+                "it is a side of a mirrored {}: detach it, or remove the whole mirror by the name of its last side",
+                class.section().unwrap_or("vdev")
+            ));
+        }
+        if class == VdevClass::Log {
+            self.wait_synced()?;
+        }
+        self.tops.write().retain(|(_, t)| t.id != top.id);
+        self.blocks.remove_vdev(top.id);
+        self.blocks.alloc.lock().remove_vdev(top.id);
+        self.config
+            .lock()
+            .change_devices(|cfg| cfg.vdevs.retain(|tc| tc.id != top.id));
+        self.write_config(PoolState::Active)?;
+        self.commit_device_change();
+        if let Some(dev) = leaf.take_device() {
+            let _ = label::clear_labels(dev.as_ref());
+        }
+        self.events.post(
+            "sysevent.fs.zfs.vdev_remove",
+            Some(&leaf.path()),
+            format!("class={}", class.section().unwrap_or("data")),
+        );
+        Ok((class, top.guid))
     }
 
     /// A resilver finished and verified: the devices no longer lack anything; the

@@ -67,6 +67,22 @@ fn group_keyword(tok: &str) -> Option<Option<u8>> {
 impl PoolSpec {
     /// Parses the vdev part of `pool create`. `force` allows mixed replication levels.
     pub fn parse(tokens: &[String], force: bool) -> Result<Self, PoolError> {
+        Self::parse_inner(tokens, force, true)
+    }
+
+    /// The grammar of `zpool add`: the same, but data vdevs are optional (`cache DEV`,
+    /// `log mirror A B`, `spare DEV` alone are valid).
+    pub fn parse_add(tokens: &[String], force: bool) -> Result<Self, PoolError> {
+        let spec = Self::parse_inner(tokens, force, false)?;
+        if spec.all_devices().is_empty() {
+            return Err(PoolError::InvalidSpec(
+                "invalid vdev specification: no devices to add".into(),
+            ));
+        }
+        Ok(spec)
+    }
+
+    fn parse_inner(tokens: &[String], force: bool, need_data: bool) -> Result<Self, PoolError> {
         let mut spec = PoolSpec::default();
         let mut section = Section::Data;
         let mut i = 0;
@@ -165,7 +181,7 @@ impl PoolSpec {
             }
             i += 1;
         }
-        if spec.data.is_empty() {
+        if need_data && spec.data.is_empty() {
             return bad("invalid vdev specification: at least one data vdev is required".into());
         }
         let mut seen = std::collections::HashSet::new();
@@ -174,8 +190,8 @@ impl PoolSpec {
                 return bad(format!("device '{d}' is named more than once"));
             }
         }
-        if !force {
-            let first = spec.data[0].replication();
+        if let (false, Some(v)) = (force, spec.data.first()) {
+            let first = v.replication();
             if let Some(other) = spec.data.iter().find(|v| v.replication() != first) {
                 return bad(format!(
                     "mismatched replication level: both {first} and {} vdevs are present (use -f to override)",

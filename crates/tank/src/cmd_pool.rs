@@ -53,6 +53,32 @@ pub enum PoolCmd {
     Get(PoolGetArgs),
     /// Detach a side of a mirror.
     Detach(DeviceArgs),
+    /// Add vdevs: data vdevs (the pool grows), or `log`, `cache`, `spare`, `special`
+    /// devices, in the create grammar (`add tank cache ssd1`, `add tank log mirror s1 s2`).
+    Add(AddArgs),
+    /// Remove cache, log or unused spare devices.
+    Remove(RemoveArgs),
+}
+
+#[derive(Args)]
+pub struct AddArgs {
+    /// Add even with mismatched replication, or devices that belong to another pool.
+    #[arg(short = 'f')]
+    force: bool,
+    /// Create missing device files, sparse, of this size (e.g. 8G).
+    #[arg(long)]
+    size: Option<String>,
+    name: String,
+    /// The vdevs, as for create.
+    #[arg(required = true, num_args = 1..)]
+    spec: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct RemoveArgs {
+    name: String,
+    #[arg(required = true, num_args = 1..)]
+    devices: Vec<String>,
 }
 
 #[derive(Args)]
@@ -273,7 +299,71 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
         PoolCmd::Set(a) => pool_set(a),
         PoolCmd::Get(a) => pool_get(a),
         PoolCmd::Detach(a) => detach(a),
+        PoolCmd::Add(a) => add(a),
+        PoolCmd::Remove(a) => remove(a),
     }
+}
+
+/// `zpool add`: the new devices are opened (created with `--size`), checked and labelled;
+/// new cache devices join the L2ARC at once.
+fn add(a: AddArgs) -> Result<()> {
+    const KEYWORDS: &[&str] = &[
+        "mirror", "raidz", "raidz1", "raidz2", "raidz3", "log", "cache", "spare", "special",
+    ];
+    let tokens = a
+        .spec
+        .iter()
+        .map(|t| {
+            if KEYWORDS.contains(&t.as_str()) {
+                Ok(t.clone())
+            } else {
+                crate::pools::absolute(t)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let spec = PoolSpec::parse_add(&tokens, a.force)?;
+    let opened = open_pool(&a.name)?;
+    let result = (|| -> Result<()> {
+        let size = a.size.as_deref().map(parse_size).transpose()?;
+        let leaves = opened.pool.leaf_list();
+        for d in spec.all_devices() {
+            if leaves.iter().any(|(_, l)| l.path() == d) {
+                bail!("cannot add: '{d}' is already a device of this pool");
+            }
+        }
+        let devices = open_for_create(&spec.all_devices(), size)?;
+        opened.pool.add(&spec, &devices, a.force)?;
+        devices_changed(&opened)?;
+        opened.store.cache_devices_changed();
+        opened.store.sync()?;
+        for d in spec.all_devices() {
+            outln!("added {d} to pool '{}'", a.name);
+        }
+        Ok(())
+    })();
+    opened.close()?;
+    result
+}
+
+/// `zpool remove` for cache, log and spare devices.
+fn remove(a: RemoveArgs) -> Result<()> {
+    let opened = open_pool(&a.name)?;
+    let result = (|| -> Result<()> {
+        for d in &a.devices {
+            let (class, _) = opened.pool.remove(d)?;
+            devices_changed(&opened)?;
+            opened.store.cache_devices_changed();
+            outln!(
+                "removed {} device {d} from pool '{}'",
+                class.section().unwrap_or("data"),
+                a.name
+            );
+        }
+        opened.store.sync()?;
+        Ok(())
+    })();
+    opened.close()?;
+    result
 }
 
 fn create(a: CreateArgs) -> Result<()> {

@@ -10,6 +10,7 @@
 mod out;
 mod bench;
 mod bench_scrub;
+mod cmd_arc;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
@@ -77,6 +78,12 @@ enum Command {
     BenchScrub(bench_scrub::ScrubBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
+    /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
+    /// INTERVAL, a line of rates per period).
+    Arcstat(cmd_arc::ArcstatArgs),
+    /// List or set tunables: arc_max, l2arc_write_max, l2arc_write_boost, l2arc_noprefetch,
+    /// l2arc_feed_secs.
+    Param(cmd_arc::ParamArgs),
 }
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -95,6 +102,8 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchEngine(a) => bench::run(a),
         Command::BenchScrub(a) => bench_scrub::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Arcstat(a) => cmd_arc::run_arcstat(a),
+        Command::Param(a) => cmd_arc::run_param(a),
     }
 }
 
@@ -110,7 +119,8 @@ fn forwarded(command: &Command) -> bool {
             | Command::Mount(_)
             | Command::Unmount(_)
             | Command::Debug(_)
-    )
+            | Command::Param(_)
+    ) || matches!(command, Command::Arcstat(a) if !a.follows())
 }
 
 /// Runs a client's command line in the daemon; returns its exit status.
@@ -140,6 +150,15 @@ fn main() {
     if let Command::Pool(cmd_pool::PoolCmd::Events(a)) = &cli.command {
         if a.follow {
             if let Err(e) = cmd_pool::follow_events(a) {
+                eprintln!("tank: {e:#}");
+                std::process::exit(1);
+            }
+            return;
+        }
+    }
+    if let Command::Arcstat(a) = &cli.command {
+        if a.follows() {
+            if let Err(e) = cmd_arc::follow_arcstat(a) {
                 eprintln!("tank: {e:#}");
                 std::process::exit(1);
             }

@@ -745,3 +745,69 @@ fn autoreplace_puts_a_blank_disk_in_place_of_a_missing_one() {
     let back = env.run(&["debug", "object", "read", "ar", "1"]);
     assert!(back.status.success() && back.stdout == blob);
 }
+
+#[test]
+fn cache_and_log_devices_arcstat_and_params() {
+    let env = Env::new();
+    env.ok(&[
+        "pool", "create", "--size", "96M", "fast", "raidz1", "y0", "y1", "y2",
+    ]);
+    // Cache and log devices are added at their own size, shown in status, and removed.
+    let out = env.ok(&[
+        "pool", "add", "--size", "80M", "fast", "cache", "ssd0", "log", "ssd1",
+    ]);
+    assert!(out.contains("added") && out.contains("ssd0"), "{out}");
+    let status = env.ok(&["pool", "status", "fast"]);
+    assert!(
+        status.contains("cache") && status.contains("logs"),
+        "{status}"
+    );
+    assert!(
+        status.contains("ssd0") && status.contains("ssd1"),
+        "{status}"
+    );
+    env.fails(
+        &["pool", "add", "fast", "cache", "ssd0"],
+        "already a device",
+    );
+    env.fails(
+        &["pool", "add", "--size", "96M", "fast", "z9"],
+        "mismatched replication",
+    );
+    env.fails(&["pool", "add", "fast"], "required");
+    env.fails(
+        &["pool", "remove", "fast", "y1"],
+        "only cache, log and spare",
+    );
+    env.fails(&["pool", "remove", "fast", "nosuch"], "nosuch");
+    let out = env.ok(&["pool", "remove", "fast", "ssd0", "ssd1"]);
+    assert!(out.contains("removed cache device ssd0"), "{out}");
+    let status = env.ok(&["pool", "status", "fast"]);
+    assert!(
+        !status.contains("ssd0") && !status.contains("logs"),
+        "{status}"
+    );
+    // The pool imports after the change.
+    env.ok(&["pool", "export", "fast"]);
+    env.ok(&["pool", "import", "-d", ".", "fast"]);
+    // arcstat: a summary, and the counters as JSON.
+    let out = env.ok(&["arcstat"]);
+    assert!(out.contains("ARC size") && out.contains("hits"), "{out}");
+    let out = env.ok(&["arcstat", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["arc"]["c_max"].as_u64().unwrap() >= 32 << 20, "{v}");
+    let out = env.ok(&["arcstat", "0.2", "2"]);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    env.fails(&["arcstat", "0"], "invalid interval");
+    // param: list, set, refuse nonsense.
+    let out = env.ok(&["param"]);
+    assert!(
+        out.contains("arc_max") && out.contains("l2arc_write_max"),
+        "{out}"
+    );
+    env.ok(&["param", "l2arc_noprefetch=0"]);
+    env.fails(&["param", "arc_max=1M"], "below the minimum");
+    env.fails(&["param", "arc_max=100000T"], "more than this machine");
+    env.fails(&["param", "l2arc_feed_secs=0"], "1 to 60");
+    env.fails(&["param", "nosuch=1"], "unknown parameter");
+}

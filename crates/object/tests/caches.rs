@@ -1,0 +1,302 @@
+//! The ARC and the L2ARC on a pool: what the ARC evicts is served from the cache device,
+//! verified; a corrupt or missing cache device costs speed, never data; the L2ARC survives
+//! export and import; cache devices come and go while the pool runs.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::{bytes, manual_txgs, spec};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tank_device::{DeviceRef, MemDevice};
+use tank_object::arc::{AdaptiveCache, ARC_MIN};
+use tank_object::cache::CachePolicy;
+use tank_object::{ObjectStore, ROOT_OBJSET};
+use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
+
+const OBJECTS: u64 = 6;
+const OBJ_SIZE: usize = 8 << 20;
+
+struct Rig {
+    devs: HashMap<String, DeviceRef>,
+    pool: Arc<Pool>,
+    store: Arc<ObjectStore>,
+    arc: Arc<AdaptiveCache>,
+    model: Vec<(u64, Vec<u8>)>,
+}
+
+fn mem(name: &str, size: u64) -> (String, DeviceRef) {
+    (
+        name.to_string(),
+        Arc::new(MemDevice::new(name, size)) as DeviceRef,
+    )
+}
+
+/// A raidz1 of 4 x 256 MiB with (or without) a 128 MiB cache device, a 32 MiB ARC of its
+/// own, and 48 MiB of incompressible data in 6 objects of 128 KiB blocks.
+fn rig(with_cache: bool) -> Rig {
+    let mut devs: HashMap<String, DeviceRef> =
+        (0..4).map(|i| mem(&format!("d{i}"), 256 << 20)).collect();
+    let mut text = "raidz1 d0 d1 d2 d3".to_string();
+    if with_cache {
+        let (n, d) = mem("c0", 128 << 20);
+        devs.insert(n, d);
+        text.push_str(" cache c0");
+    }
+    let opts = CreateOptions {
+        ashift: 12,
+        force: false,
+        tunables: manual_txgs(),
+    };
+    let (pool, _) = Pool::create("fast", &spec(&text), &devs, &opts).unwrap();
+    let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
+    let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut model = Vec::new();
+    for _ in 0..OBJECTS {
+        let tx = store.begin(0).unwrap();
+        let id = os.create_object(&tx, 1, 128 << 10).unwrap();
+        drop(tx);
+        let data = bytes(&mut rng, OBJ_SIZE, false);
+        for (i, chunk) in data.chunks(1 << 20).enumerate() {
+            let tx = store.begin(chunk.len() as u64).unwrap();
+            os.write(&tx, id, (i << 20) as u64, chunk).unwrap();
+        }
+        model.push((id, data));
+    }
+    store.sync().unwrap();
+    Rig {
+        devs,
+        pool,
+        store,
+        arc,
+        model,
+    }
+}
+
+/// Reads every object in 128 KiB pieces at scattered offsets (no sequential prefetch) and
+/// checks the bytes; after each object, one L2ARC feed round when `feed`.
+fn read_all(r: &Rig, feed: bool) {
+    let os = r.store.objset(ROOT_OBJSET).unwrap();
+    for (id, want) in &r.model {
+        let pieces = OBJ_SIZE / (128 << 10);
+        for k in 0..pieces {
+            // A stride coprime with the count visits every piece out of order.
+            let p = (k * 7) % pieces;
+            let off = p * (128 << 10);
+            let got = os.read(*id, off as u64, 128 << 10).unwrap();
+            assert_eq!(
+                &got[..],
+                &want[off..off + (128 << 10)],
+                "object {id} at {off}"
+            );
+        }
+        if feed {
+            r.store.cache().l2().feed(&r.arc, r.store.cache().spa());
+        }
+    }
+}
+
+fn set_feed_size() {
+    let t = tank_object::l2arc::tunables();
+    t.write_max
+        .store(16 << 20, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[test]
+fn arc_hits_promote_and_the_budget_holds_on_a_pool() {
+    let r = rig(false);
+    let os = r.store.objset(ROOT_OBJSET).unwrap();
+    let (id, want) = &r.model[0];
+    // Twice the same 1 MiB: the second read is all hits, and the blocks move to the MFU.
+    for _ in 0..2 {
+        assert_eq!(&os.read(*id, 0, 1 << 20).unwrap()[..], &want[..1 << 20]);
+    }
+    let s = r.arc.stats();
+    assert!(s.demand_data_hits >= 8, "{s:?}");
+    assert!(s.mfu_size >= 1 << 20, "{s:?}");
+    // 48 MiB through a 32 MiB cache: never over budget, and it evicts.
+    read_all(&r, false);
+    let s = r.arc.stats();
+    assert!(s.size <= ARC_MIN, "ARC over budget: {s:?}");
+    assert!(s.evict_count > 0, "{s:?}");
+    // primarycache=none: reads of data no longer enter the ARC.
+    os.set_primarycache(CachePolicy::None);
+    r.arc.set_max(ARC_MIN).unwrap();
+    let before = r.arc.stats().data_size;
+    let (id, want) = &r.model[5];
+    assert_eq!(&os.read(*id, 0, 4 << 20).unwrap()[..], &want[..4 << 20]);
+    assert!(r.arc.stats().data_size <= before);
+    r.pool.export().unwrap();
+}
+
+#[test]
+fn l2arc_serves_evicted_blocks_verified_and_survives_import() {
+    set_feed_size();
+    let r = rig(true);
+    read_all(&r, true);
+    read_all(&r, true);
+    let s = r.store.cache().l2().stats();
+    assert_eq!(s.l2_devices, 1);
+    assert!(
+        s.l2_size >= 16 << 20,
+        "little fed to the cache device: {s:?}"
+    );
+    assert!(s.l2_hdr_size > 0);
+    // Reading again: what the 32 MiB ARC lost comes back from the cache device.
+    let before = r.store.cache().l2().stats().l2_hits;
+    read_all(&r, false);
+    let s = r.store.cache().l2().stats();
+    assert!(s.l2_hits > before, "no L2ARC hits: {s:?}");
+    assert_eq!(s.l2_cksum_bad, 0);
+
+    // Export and import: the headers are rebuilt from the device's log blocks.
+    r.pool.export().unwrap();
+    let devs: Vec<DeviceRef> = r.devs.values().cloned().collect();
+    let pool = Pool::import(
+        &devs,
+        &ImportOptions {
+            name: None,
+            rewind: false,
+            force: false,
+            tunables: Some(manual_txgs()),
+        },
+    )
+    .unwrap();
+    let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
+    let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    let s = store.cache().l2().stats();
+    assert_eq!(s.l2_rebuild_success, 1, "{s:?}");
+    assert!(s.l2_rebuild_bufs > 64, "{s:?}");
+    let r2 = Rig {
+        devs: r.devs.clone(),
+        pool,
+        store,
+        arc,
+        model: r.model.clone(),
+    };
+    read_all(&r2, false);
+    let s = r2.store.cache().l2().stats();
+    assert!(
+        s.l2_hits > 64,
+        "a fresh ARC was not filled from the L2ARC: {s:?}"
+    );
+
+    // Rot the whole ring of the cache device: every read is still right, the bad copies
+    // are counted and dropped, and nothing is healed from them.
+    let cache_dev = &r2.devs["c0"];
+    let junk = vec![0x5au8; 1 << 20];
+    let start = tank_vdev::FRONT_RESERVE + (64 << 10);
+    let mut off = start;
+    while off + (1 << 20) < cache_dev.size() - (1 << 20) {
+        cache_dev.write_at(&junk, off).unwrap();
+        off += 1 << 20;
+    }
+    // Emptied, the ARC sends every read to the (rotted) L2ARC first.
+    r2.arc.remove_spa(r2.store.cache().spa());
+    read_all(&r2, false);
+    let s = r2.store.cache().l2().stats();
+    assert!(s.l2_cksum_bad > 0, "rot not detected: {s:?}");
+    r2.pool.export().unwrap();
+
+    // Without its cache device the pool imports and reads as before.
+    let devs: Vec<DeviceRef> = r
+        .devs
+        .iter()
+        .filter(|(n, _)| n.as_str() != "c0")
+        .map(|(_, d)| d.clone())
+        .collect();
+    let pool = Pool::import(
+        &devs,
+        &ImportOptions {
+            name: None,
+            rewind: false,
+            force: false,
+            tunables: Some(manual_txgs()),
+        },
+    )
+    .unwrap();
+    let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
+    let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    let r3 = Rig {
+        devs: r.devs.clone(),
+        pool,
+        store,
+        arc,
+        model: r.model.clone(),
+    };
+    read_all(&r3, true);
+    assert_eq!(r3.store.cache().l2().stats().l2_hits, 0);
+    r3.pool.export().unwrap();
+}
+
+#[test]
+fn cache_and_log_devices_are_added_and_removed_while_running() {
+    let r = rig(false);
+    let add = |text: &str, devs: &HashMap<String, DeviceRef>| {
+        let toks: Vec<String> = text.split_whitespace().map(String::from).collect();
+        let spec = PoolSpec::parse_add(&toks, false)?;
+        r.pool.add(&spec, devs, false)
+    };
+    let mut new: HashMap<String, DeviceRef> = HashMap::new();
+    for (n, size) in [
+        ("c1", 96u64 << 20),
+        ("l1", 64 << 20),
+        ("l2", 64 << 20),
+        ("tiny", 70 << 20),
+    ] {
+        let (n, d) = mem(n, size);
+        new.insert(n, d);
+    }
+    add("cache c1", &new).unwrap();
+    add("log mirror l1 l2", &new).unwrap();
+    r.store.cache_devices_changed();
+    assert_eq!(r.store.cache().l2().device_guids().len(), 1);
+    let st = r.pool.status();
+    let text = format!("{st:?}");
+    assert!(text.contains("c1") && text.contains("l1"), "{text}");
+    // Cache and log devices are used at their own (smaller) size.
+    let c = r.pool.config();
+    let cache_top = c.vdevs.iter().find(|t| t.children[0].path == "c1").unwrap();
+    assert!(cache_top.asize > 0 && cache_top.asize < c.leaf_asize);
+    // A data vdev smaller than the pool's devices is refused; so is a replication mismatch.
+    let err = add("tiny", &new).unwrap_err().to_string();
+    assert!(
+        err.contains("too small") || err.contains("mismatched"),
+        "{err}"
+    );
+    // Data devices cannot be removed; a side of a mirrored log only by detach.
+    let err = r.pool.remove("d1").unwrap_err().to_string();
+    assert!(err.contains("only cache, log and spare"), "{err}");
+    let err = r.pool.remove("l1").unwrap_err().to_string();
+    assert!(err.contains("mirrored"), "{err}");
+    r.pool.remove("c1").unwrap();
+    r.store.cache_devices_changed();
+    assert!(r.store.cache().l2().device_guids().is_empty());
+    assert!(tank_pool::label::best_label(new["c1"].as_ref()).is_none());
+    r.pool.export().unwrap();
+    // The configuration after the change imports, and the data is intact.
+    let mut devs: Vec<DeviceRef> = r.devs.values().cloned().collect();
+    devs.push(new["l1"].clone());
+    devs.push(new["l2"].clone());
+    let pool = Pool::import(
+        &devs,
+        &ImportOptions {
+            name: None,
+            rewind: false,
+            force: false,
+            tunables: Some(manual_txgs()),
+        },
+    )
+    .unwrap();
+    assert_eq!(pool.state(), "ONLINE");
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    for (id, want) in &r.model {
+        assert_eq!(&os.read(*id, 0, OBJ_SIZE).unwrap(), want);
+    }
+    pool.export().unwrap();
+}
