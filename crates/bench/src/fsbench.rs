@@ -221,7 +221,8 @@ where
     })
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
+/// Incompressible bytes (xorshift), the same for the same seed.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
         .map(|_| {

@@ -183,6 +183,8 @@ struct Inner {
 pub struct L2Arc {
     inner: Mutex<Inner>,
     pool_guid: AtomicU64,
+    /// One feed round at a time (the feed thread, or a caller warming the cache).
+    feed_lock: Mutex<()>,
 }
 
 impl L2Arc {
@@ -315,6 +317,7 @@ impl L2Arc {
     /// One feed round (see the module documentation) for pool instance `spa`: writes to
     /// the next device in turn. Returns the bytes written.
     pub fn feed(&self, arc: &AdaptiveCache, spa: u64) -> u64 {
+        let _one = self.feed_lock.lock();
         let t = tunables();
         let (top, mut hand, start, end, sector, guid, prev) = {
             let mut g = self.inner.lock();

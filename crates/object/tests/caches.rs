@@ -17,6 +17,19 @@ use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
 
 const OBJECTS: u64 = 6;
+
+fn reimport(devs: &[DeviceRef]) -> Arc<Pool> {
+    Pool::import(
+        devs,
+        &ImportOptions {
+            name: None,
+            rewind: false,
+            force: false,
+            tunables: Some(manual_txgs()),
+        },
+    )
+    .unwrap()
+}
 const OBJ_SIZE: usize = 8 << 20;
 
 struct Rig {
@@ -156,16 +169,7 @@ fn l2arc_serves_evicted_blocks_verified_and_survives_import() {
     // Export and import: the headers are rebuilt from the device's log blocks.
     r.pool.export().unwrap();
     let devs: Vec<DeviceRef> = r.devs.values().cloned().collect();
-    let pool = Pool::import(
-        &devs,
-        &ImportOptions {
-            name: None,
-            rewind: false,
-            force: false,
-            tunables: Some(manual_txgs()),
-        },
-    )
-    .unwrap();
+    let pool = reimport(&devs);
     let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
     let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
     let s = store.cache().l2().stats();
@@ -209,16 +213,7 @@ fn l2arc_serves_evicted_blocks_verified_and_survives_import() {
         .filter(|(n, _)| n.as_str() != "c0")
         .map(|(_, d)| d.clone())
         .collect();
-    let pool = Pool::import(
-        &devs,
-        &ImportOptions {
-            name: None,
-            rewind: false,
-            force: false,
-            tunables: Some(manual_txgs()),
-        },
-    )
-    .unwrap();
+    let pool = reimport(&devs);
     let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
     let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
     let r3 = Rig {
@@ -282,16 +277,7 @@ fn cache_and_log_devices_are_added_and_removed_while_running() {
     let mut devs: Vec<DeviceRef> = r.devs.values().cloned().collect();
     devs.push(new["l1"].clone());
     devs.push(new["l2"].clone());
-    let pool = Pool::import(
-        &devs,
-        &ImportOptions {
-            name: None,
-            rewind: false,
-            force: false,
-            tunables: Some(manual_txgs()),
-        },
-    )
-    .unwrap();
+    let pool = reimport(&devs);
     assert_eq!(pool.state(), "ONLINE");
     let store = ObjectStore::open(pool.clone()).unwrap();
     let os = store.objset(ROOT_OBJSET).unwrap();

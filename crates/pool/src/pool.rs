@@ -259,6 +259,15 @@ impl Pool {
     }
 
     /// The top-level vdevs (a copy: `attach` and `detach` change a vdev's shape).
+    /// The class of top-level vdev `id`.
+    pub fn class_of(&self, id: u32) -> Option<VdevClass> {
+        self.tops
+            .read()
+            .iter()
+            .find(|(_, t)| t.id == id)
+            .map(|(c, _)| *c)
+    }
+
     pub fn tops(&self) -> Vec<(VdevClass, Arc<TopVdev>)> {
         self.tops.read().clone()
     }
@@ -867,11 +876,7 @@ impl Pool {
                 "cannot attach {new_path} to {existing}: {why}"
             )))
         };
-        let class = self
-            .tops()
-            .iter()
-            .find(|(_, t)| t.id == top.id)
-            .map(|(c, _)| *c);
+        let class = self.class_of(top.id);
         if class != Some(VdevClass::Normal) {
             return refuse("only devices of the data vdevs take a mirror side".into());
         }
@@ -1167,12 +1172,7 @@ impl Pool {
                 "cannot remove {name}: {why}"
             )))
         };
-        let class = self
-            .tops()
-            .iter()
-            .find(|(_, t)| t.id == top.id)
-            .map(|(c, _)| *c)
-            .unwrap_or(VdevClass::Normal);
+        let class = self.class_of(top.id).unwrap_or(VdevClass::Normal);
         match class {
             VdevClass::Cache | VdevClass::Log | VdevClass::Spare => {}
             _ => {

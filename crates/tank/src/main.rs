@@ -9,6 +9,7 @@
 #[macro_use]
 mod out;
 mod bench;
+mod bench_cache;
 mod bench_scrub;
 mod cmd_arc;
 mod cmd_dataset;
@@ -76,6 +77,9 @@ enum Command {
     BenchEngine(bench::BenchArgs),
     /// Measure the scrub and a degraded read against the raw device files.
     BenchScrub(bench_scrub::ScrubBenchArgs),
+    /// Measure what an L2ARC device buys for random reads (emulated build), or the ARC's
+    /// memory discipline (--rss).
+    BenchCache(bench_cache::CacheBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -101,6 +105,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Bench(a) => fsbench::run(a),
         Command::BenchEngine(a) => bench::run(a),
         Command::BenchScrub(a) => bench_scrub::run(a),
+        Command::BenchCache(a) => bench_cache::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),
