@@ -215,39 +215,11 @@ pub fn default_arc_max() -> u64 {
     (physical_memory() / 4).max(ARC_MIN)
 }
 
-/// The process's cache, shared by every pool it opens (as the kernel's ARC is), sized by
-/// `TANK_ARC_MAX` (bytes, or with a K/M/G/T suffix) when set, else `default_arc_max`.
+/// The process's cache, shared by every pool it opens (as the kernel's ARC is), of
+/// `default_arc_max` until the program sets another limit (`AdaptiveCache::set_max`).
 pub fn global() -> &'static Arc<AdaptiveCache> {
     static GLOBAL: OnceLock<Arc<AdaptiveCache>> = OnceLock::new();
-    GLOBAL.get_or_init(|| {
-        let max = std::env::var("TANK_ARC_MAX")
-            .ok()
-            .and_then(|v| parse_size(&v))
-            .unwrap_or_else(default_arc_max);
-        Arc::new(AdaptiveCache::new(max.max(ARC_MIN)))
-    })
-}
-
-/// Parses `123`, `64K`, `512M`, `4G`, `1T` (binary multiples, an optional `B`/`iB`).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let s = s
-        .strip_suffix("iB")
-        .or_else(|| s.strip_suffix('B'))
-        .unwrap_or(s);
-    let (num, mult) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
-        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
-        't' | 'T' => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    let v: f64 = num.trim().parse().ok()?;
-    if !v.is_finite() || v < 0.0 {
-        return None;
-    }
-    let bytes = v * mult as f64;
-    (bytes <= u64::MAX as f64).then_some(bytes as u64)
+    GLOBAL.get_or_init(|| Arc::new(AdaptiveCache::new(default_arc_max())))
 }
 
 /// Unique ids for pool instances (`ArcKey::spa`).
@@ -766,16 +738,6 @@ mod tests {
         // Already fed: not offered again; another pool's feed gets nothing.
         assert!(arc.l2_candidates(1, u64::MAX, true).is_empty());
         assert!(arc.l2_candidates(9, u64::MAX, false).is_empty());
-    }
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("512M"), Some(512 << 20));
-        assert_eq!(parse_size("1.5G"), Some(3 << 29));
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("2GiB"), Some(2 << 30));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size("-1G"), None);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!
 //! `param` lists or sets the tunables by their ZFS module-parameter names: `arc_max`,
 //! `l2arc_write_max`, `l2arc_write_boost`, `l2arc_noprefetch`, `l2arc_feed_secs`. They
-//! hold for the running process; the daemon takes `TANK_ARC_MAX` at start.
+//! hold for the running process; every tank process takes `arc_max` from `TANK_ARC_MAX` at
+//! start (`apply_env`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tank_object::arc;
 use tank_object::l2arc::{self, L2Stats};
 
-use crate::datadir::human;
+use crate::datadir::{human, parse_size};
 use crate::pools::daemon_pools;
 
 #[derive(Args)]
@@ -279,6 +280,14 @@ fn chrono_like_time() -> String {
     format!("{:02}:{:02}:{:02}", t / 3600, t % 3600 / 60, t % 60)
 }
 
+/// Sets `arc_max` from `TANK_ARC_MAX` (a size such as 4G), when set.
+pub fn apply_env() -> Result<()> {
+    if let Ok(v) = std::env::var("TANK_ARC_MAX") {
+        set_param("arc_max", &v).map_err(|e| anyhow::anyhow!("TANK_ARC_MAX: {e:#}"))?;
+    }
+    Ok(())
+}
+
 /// The tunables: (name, value as shown, what it is).
 fn params() -> Vec<(&'static str, String, &'static str)> {
     let t = l2arc::tunables();
@@ -314,9 +323,7 @@ fn params() -> Vec<(&'static str, String, &'static str)> {
 fn set_param(name: &str, value: &str) -> Result<()> {
     let t = l2arc::tunables();
     let size = || {
-        arc::parse_size(value).ok_or_else(|| {
-            anyhow::anyhow!("invalid value '{value}' for {name}: a size such as 512M or 4G")
-        })
+        parse_size(value).map_err(|e| anyhow::anyhow!("invalid value '{value}' for {name}: {e}"))
     };
     match name {
         "arc_max" => arc::global()

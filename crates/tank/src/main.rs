@@ -152,6 +152,10 @@ pub fn run_in_daemon(argv: Vec<String>) -> i32 {
 
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = cmd_arc::apply_env() {
+        eprintln!("tank: {e:#}");
+        std::process::exit(2);
+    }
     if let Command::Pool(cmd_pool::PoolCmd::Events(a)) = &cli.command {
         if a.follow {
             if let Err(e) = cmd_pool::follow_events(a) {
