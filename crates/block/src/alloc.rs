@@ -391,6 +391,39 @@ impl SpaceAllocator {
         space.free.add(offset, offset + len)
     }
 
+    /// Makes sure an extent written outside a sync (by the intent log, before a crash) is
+    /// allocated: allocated in `txg` when free, left alone when already allocated (its txg
+    /// committed before the crash); a partly free extent is an error.
+    pub fn claim(&mut self, vdev: u32, offset: u64, len: u64, txg: u64) -> Result<(), BlockError> {
+        let space = self
+            .vdevs
+            .get_mut(vdev as usize)
+            .and_then(|v| v.as_mut())
+            .ok_or_else(|| BlockError::SpaceMap(format!("claim on unknown vdev {vdev}")))?;
+        if offset + len > space.size {
+            return Err(BlockError::SpaceMap(format!(
+                "claim past the end of vdev {vdev}: [{offset:#x}, +{len:#x})"
+            )));
+        }
+        if space.free.contains(offset, offset + len) {
+            space.free.remove(offset, offset + len)?;
+            self.pending.push(SpaceRecord {
+                vdev,
+                op: SpaceOp::Alloc,
+                offset,
+                len,
+                txg,
+            });
+            Ok(())
+        } else if space.free.overlaps(offset, offset + len) {
+            Err(BlockError::SpaceMap(format!(
+                "claim of a partly free extent: vdev {vdev} [{offset:#x}, +{len:#x})"
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Frees an extent in `txg`; it becomes reusable when txg `txg + DEFER_TXGS` begins.
     pub fn free(&mut self, vdev: u32, offset: u64, len: u64, txg: u64) -> Result<(), BlockError> {
         let space = self

@@ -632,6 +632,24 @@ impl BlockStore {
         Ok(())
     }
 
+    /// Claims every copy of a block the intent log wrote (and its gang pieces) in `txg`:
+    /// see `SpaceAllocator::claim`.
+    pub fn claim(&self, bp: &BlockPtr, txg: u64) -> Result<(), BlockError> {
+        {
+            let mut alloc = self.alloc.lock();
+            for dva in bp.dvas() {
+                alloc.claim(dva.vdev, dva.offset, dva.asize, txg)?;
+            }
+        }
+        if bp.gang {
+            let header = self.read_dvas(bp, GANG_HEADER_SIZE, &gang_verify)?;
+            for c in decode_gang(&header)? {
+                self.claim(&c, txg)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Queues a flush of every device.
     pub fn flush_all(&self, batch: &Arc<IoBatch>) {
         for v in self.vdevs() {

@@ -708,6 +708,15 @@ impl Dsl {
             dsl.run(Op::Init)?;
         }
         dsl.apply_policies()?;
+        // What fsync acknowledged after the last committed txg, before a crash.
+        let replayed = store.replay_log()?;
+        if replayed > 0 {
+            dsl.store.pool().events.post(
+                "sysevent.fs.zfs.zil_replay",
+                None,
+                format!("records={replayed}"),
+            );
+        }
         Ok(dsl)
     }
 

@@ -109,7 +109,7 @@ impl Volume {
                 .write(&tx, VOLUME_OBJECT, offset + (i * WRITE_CHUNK) as u64, chunk)?;
         }
         if self.sync_mode() == SyncMode::Always {
-            self.dsl.store().sync()?;
+            self.dsl.store().log_commit(&self.objset)?;
         }
         Ok(())
     }
@@ -123,6 +123,6 @@ impl Volume {
         if self.readonly || self.sync_mode() == SyncMode::Disabled {
             return Ok(());
         }
-        Ok(self.dsl.store().sync()?)
+        Ok(self.dsl.store().log_commit(&self.objset)?)
     }
 }

@@ -60,6 +60,7 @@ fn reopen(f: Fixture) -> Fixture {
             name: None,
             rewind: false,
             force: false,
+            missing_log: false,
             tunables: Some(tunables()),
         },
     )

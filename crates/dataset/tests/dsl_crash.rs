@@ -113,6 +113,10 @@ impl Work<'_> {
         if self.verify {
             let ctx = format!("phase {}", self.acked);
             matches(self.p, &self.m, &self.mounts).map_err(|e| format!("{ctx}: {e}"))?;
+            // An fsync may leave its work in the intent log (and the blocks of its large
+            // writes allocated outside any committed tree): the accounting is checked on
+            // a committed txg.
+            self.p.store.sync().map_err(|e| format!("{ctx}: {e}"))?;
             check_accounting(&self.p.dsl, &self.p.store).map_err(|e| format!("{ctx}: {e}"))?;
             pool_usage(&self.p.pool, &self.p.store, &self.p.dsl)
                 .map_err(|e| format!("{ctx}: {e}"))?;

@@ -324,8 +324,16 @@ impl Run {
             }
             _ => {
                 let ctx = self.ctx(&format!("{ds}: fsync"));
+                let fallbacks = self.p().pool.zil.stats().fallbacks;
                 fs.fsync(ROOT_INO, false).expect(&ctx);
-                self.durable = self.m.clone();
+                if self.p().pool.zil.stats().fallbacks > fallbacks {
+                    // The log could not take it: a txg made everything durable.
+                    self.durable = self.m.clone();
+                } else {
+                    // A log commit: this dataset's changes are durable, the others' are not.
+                    let now = self.m.ds[ds].clone();
+                    self.durable.ds.insert(ds.to_string(), now);
+                }
                 self.count("fsync");
             }
         }

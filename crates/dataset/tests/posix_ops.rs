@@ -1195,7 +1195,7 @@ fn crash_copy(t: &MemFs) -> (Arc<tank_pool::Pool>, Arc<Fs>) {
         .iter()
         .map(|m| Arc::new(MemDevice::from_bytes("m0", m.snapshot())) as DeviceRef)
         .collect();
-    let (pool, store) = import_devs(&devs, false).unwrap();
+    let (pool, store) = import_replayed(&devs, false).unwrap();
     let hooks = Arc::new(TestHooks::default());
     hooks.readonly.store(true, Ordering::Relaxed);
     let fs = mount(&store, &hooks).unwrap();

@@ -491,6 +491,11 @@ impl Server {
             // The data is written; failing to clear the bits now would misreport it.
             let _ = Self::kill_suidgid(&fs, ino);
         }
+        if !cached && flags.0 & libc::O_DSYNC != 0 {
+            // O_SYNC and O_DSYNC (O_SYNC includes the O_DSYNC bit): durable before the
+            // answer. Written-back pages of such a file come with an fsync of the kernel's.
+            fs.fsync(ino, true)?;
+        }
         Ok(written)
     }
 

@@ -13,6 +13,7 @@ pub mod objset;
 pub mod scan;
 pub mod store;
 pub mod tree;
+pub mod zil;
 
 pub use objset::{
     ObjectInfo, ObjectSet, ObjsetMode, Space, SyncReport, WritePolicy, FIRST_USER_KIND,

@@ -135,7 +135,7 @@ impl WritePolicy {
             | (u32::from(self.copies) << 16)
     }
 
-    fn from_tag(tag: u32) -> Self {
+    pub(crate) fn from_tag(tag: u32) -> Self {
         Self {
             compression: Compression::from_u8(tag as u8).unwrap_or(Compression::Lz4),
             checksum: ChecksumKind::from_u8((tag >> 8) as u8).unwrap_or(ChecksumKind::Blake3),
@@ -288,6 +288,9 @@ impl NodeStore for SyncStore<'_> {
     fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError> {
         self.kill(bp).map_err(|e| TreeError::Store(e.to_string()))
     }
+    fn prewritten(&self, bp: &BlockPtr) {
+        self.report.lock().born.add(Space::of(self.blocks, bp));
+    }
 }
 
 struct Frozen {
@@ -332,6 +335,20 @@ pub struct ObjectSet {
     /// being synced (for quota checks, until the sync's report is accounted).
     dirty_bytes: AtomicU64,
     syncing_bytes: AtomicU64,
+    /// Changes not yet in a committed txg, for the intent log (`zil.rs`).
+    log: Mutex<ObjsetLog>,
+    /// Replaying the intent log: its changes are not logged again.
+    replaying: AtomicBool,
+}
+
+/// The changes of an object set not yet known committed, in the order they were made
+/// (every change is logged while the locks that order it against conflicting changes are
+/// held). `durable`: changes with a lower sequence number are on stable storage.
+#[derive(Default)]
+struct ObjsetLog {
+    records: std::collections::VecDeque<crate::zil::Itx>,
+    next: u64,
+    durable: u64,
 }
 
 /// Sequential streams being read and the blocks read ahead for them.
@@ -376,7 +393,75 @@ impl ObjectSet {
             origin_txg: AtomicU64::new(0),
             dirty_bytes: AtomicU64::new(0),
             syncing_bytes: AtomicU64::new(0),
+            log: Mutex::new(ObjsetLog::default()),
+            replaying: AtomicBool::new(false),
         }
+    }
+
+    // ---- the intent log's records ----
+
+    /// Records a change made in txg `txg` (object sets changed in open context only).
+    fn log(&self, txg: u64, op: crate::zil::LogOp) {
+        if self.mode != ObjsetMode::Normal || self.replaying.load(Ordering::Acquire) {
+            return;
+        }
+        let mut l = self.log.lock();
+        let seq = l.next;
+        l.next += 1;
+        l.records.push_back(crate::zil::Itx { seq, txg, op });
+    }
+
+    /// The sequence number the next change will get.
+    pub(crate) fn log_end(&self) -> u64 {
+        self.log.lock().next
+    }
+
+    /// Changes with sequence numbers in `[durable, end)` of txgs after `synced`.
+    pub(crate) fn log_pending(&self, end: u64, synced: u64) -> (u64, Vec<crate::zil::Itx>) {
+        let l = self.log.lock();
+        let out = l
+            .records
+            .iter()
+            .filter(|r| r.seq >= l.durable && r.seq < end && r.txg > synced)
+            .cloned()
+            .collect();
+        (l.durable, out)
+    }
+
+    /// Changes before `end` are on stable storage.
+    pub(crate) fn log_durable_to(&self, end: u64) {
+        let mut l = self.log.lock();
+        l.durable = l.durable.max(end);
+    }
+
+    pub(crate) fn log_durable(&self) -> u64 {
+        self.log.lock().durable
+    }
+
+    /// Replay of a `Set` record: the tree item set to `value`, or removed.
+    pub(crate) fn replay_set(&self, k: Key, value: Option<Value>) -> Result<(), ObjectError> {
+        let _w = self.write_lock.lock();
+        match value {
+            None => self.tree_remove(&k),
+            Some(v) => {
+                if let Value::Block(r) = &v {
+                    if let Some(bp) = r.bp() {
+                        self.dirty_bytes
+                            .fetch_add(u64::from(bp.lsize), Ordering::AcqRel);
+                    }
+                }
+                self.tree_insert(k, v)
+            }
+        }
+    }
+
+    pub(crate) fn set_replaying(&self, on: bool) {
+        self.replaying.store(on, Ordering::Release);
+    }
+
+    /// Changes recorded and not yet committed (for tests and `zil` statistics).
+    pub fn log_records(&self) -> usize {
+        self.log.lock().records.len()
     }
 
     pub fn mode(&self) -> ObjsetMode {
@@ -532,7 +617,7 @@ impl ObjectSet {
 
     pub fn put_item(
         &self,
-        _tx: &Tx<'_>,
+        tx: &Tx<'_>,
         obj: u64,
         kind: u8,
         offset: u64,
@@ -540,18 +625,37 @@ impl ObjectSet {
     ) -> Result<(), ObjectError> {
         self.open_context()?;
         Self::check_item(kind, value)?;
-        self.tree_insert(key(obj, kind, offset), Self::inline(value))
+        let k = key(obj, kind, offset);
+        let v = Self::inline(value);
+        self.tree_insert(k, v.clone())?;
+        self.log(
+            tx.txg,
+            crate::zil::LogOp::Set {
+                key: k,
+                value: Some(v),
+            },
+        );
+        Ok(())
     }
 
     pub fn remove_item(
         &self,
-        _tx: &Tx<'_>,
+        tx: &Tx<'_>,
         obj: u64,
         kind: u8,
         offset: u64,
     ) -> Result<(), ObjectError> {
         self.open_context()?;
-        self.tree_remove(&key(obj, kind, offset))
+        let k = key(obj, kind, offset);
+        self.tree_remove(&k)?;
+        self.log(
+            tx.txg,
+            crate::zil::LogOp::Set {
+                key: k,
+                value: None,
+            },
+        );
+        Ok(())
     }
 
     /// Items of one object and kind with offsets in `[start, end)`, at most `limit`.
@@ -630,6 +734,14 @@ impl ObjectSet {
             modified_txg: tx.txg,
         };
         self.tree_insert(key(id, KIND_HEADER, 0), Self::inline(&info.encode()))?;
+        self.log(
+            tx.txg,
+            crate::zil::LogOp::Create {
+                obj: id,
+                obj_type,
+                block_size,
+            },
+        );
         Ok(id)
     }
 
@@ -683,13 +795,20 @@ impl ObjectSet {
     }
 
     /// Stores block `blkid` with `data` (already trimmed to the object size); zeros become a hole.
-    fn put_block(&self, obj: u64, blkid: u64, mut data: Vec<u8>) -> Result<(), ObjectError> {
+    /// Stores block `blkid` (a hole when all zeros); returns what the tree now holds there.
+    fn put_block(
+        &self,
+        obj: u64,
+        blkid: u64,
+        mut data: Vec<u8>,
+    ) -> Result<Option<Value>, ObjectError> {
         let k = key(obj, KIND_DATA, blkid);
         while data.last() == Some(&0) {
             data.pop();
         }
         if data.is_empty() {
-            return self.tree_remove(&k);
+            self.tree_remove(&k)?;
+            return Ok(None);
         }
         // Pad to a whole 512-byte unit so compression and sector rounding see the same size.
         let padded = data.len().div_ceil(512) * 512;
@@ -701,7 +820,8 @@ impl ObjectSet {
             self.open_created.lock().push(r.clone());
             Value::Block(r)
         };
-        self.tree_insert(k, v)
+        self.tree_insert(k, v.clone())?;
+        Ok(Some(v))
     }
 
     /// Reads up to `len` bytes at `offset`; short at the end of the object. The blocks of a
@@ -864,6 +984,10 @@ impl ObjectSet {
         let bs = u64::from(info.block_size);
         let new_size = info.size.max(end);
         let mut pos = offset;
+        // A large write is logged as the blocks it leaves (written to the pool by the log's
+        // commit, a pointer in the log); a small one as the bytes written.
+        let large = data.len() > crate::zil::IMMEDIATE_MAX;
+        let mut blocks = Vec::new();
         while pos < end {
             let blkid = pos / bs;
             let block_start = blkid * bs;
@@ -879,14 +1003,36 @@ impl ObjectSet {
             buf.resize(valid, 0);
             let src = (pos - offset) as usize;
             buf[in_block..in_block + n].copy_from_slice(&data[src..src + n]);
-            self.put_block(obj, blkid, buf)?;
+            let v = self.put_block(obj, blkid, buf)?;
+            if large {
+                blocks.push((blkid, v));
+            }
             pos += n as u64;
         }
         info.size = new_size;
         info.modified_txg = tx.txg;
         self.dirty_bytes
             .fetch_add(data.len() as u64, Ordering::AcqRel);
-        self.put_info(&info)
+        self.put_info(&info)?;
+        if large {
+            for (blkid, value) in blocks {
+                let key = key(obj, KIND_DATA, blkid);
+                self.log(tx.txg, crate::zil::LogOp::Set { key, value });
+            }
+            let value = Some(Self::inline(&info.encode()));
+            let key = key(obj, KIND_HEADER, 0);
+            self.log(tx.txg, crate::zil::LogOp::Set { key, value });
+        } else {
+            self.log(
+                tx.txg,
+                crate::zil::LogOp::Write {
+                    obj,
+                    offset,
+                    data: Arc::from(data),
+                },
+            );
+        }
+        Ok(())
     }
 
     /// Sets the object's size; blocks past it are freed, the last one trimmed.
@@ -908,7 +1054,9 @@ impl ObjectSet {
         }
         info.size = size;
         info.modified_txg = tx.txg;
-        self.put_info(&info)
+        self.put_info(&info)?;
+        self.log(tx.txg, crate::zil::LogOp::Truncate { obj, size });
+        Ok(())
     }
 
     fn remove_data_from(&self, obj: u64, first: u64) -> Result<(), ObjectError> {
@@ -932,7 +1080,7 @@ impl ObjectSet {
     }
 
     /// Frees an object and all its blocks and items.
-    pub fn free_object(&self, _tx: &Tx<'_>, obj: u64) -> Result<(), ObjectError> {
+    pub fn free_object(&self, tx: &Tx<'_>, obj: u64) -> Result<(), ObjectError> {
         self.open_context()?;
         let _w = self.write_lock.lock();
         self.stat(obj)?;
@@ -940,7 +1088,9 @@ impl ObjectSet {
             Some(next) => key(next, 0, 0),
             None => Key::MAX,
         };
-        self.remove_range(key(obj, 0, 0), end)
+        self.remove_range(key(obj, 0, 0), end)?;
+        self.log(tx.txg, crate::zil::LogOp::Free { obj });
+        Ok(())
     }
 
     // ---- sync ----
@@ -950,6 +1100,13 @@ impl ObjectSet {
     }
 
     pub(crate) fn quiesce(&self, txg: u64) {
+        // Txgs sync one at a time: every txg before this one is committed.
+        {
+            let mut l = self.log.lock();
+            while l.records.front().is_some_and(|r| r.txg < txg) {
+                l.records.pop_front();
+            }
+        }
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return;
         }
@@ -1003,6 +1160,10 @@ impl ObjectSet {
             .map_err(|e| PoolError::Corrupt(format!("object set {}: {e}", self.id)))?;
         for r in frozen.frees {
             if let Some(bp) = r.bp() {
+                if r.take_prewritten() {
+                    // Written by the intent log and replaced before a sync referenced it.
+                    store.prewritten(&bp);
+                }
                 store.kill(&bp)?;
             }
         }
@@ -1027,6 +1188,11 @@ impl ObjectSet {
         *self.tree.lock() = CowTree::open(root);
         self.open_frees.lock().clear();
         self.open_created.lock().clear();
+        {
+            let mut l = self.log.lock();
+            l.records.clear();
+            l.durable = l.next;
+        }
         *self.prefetch.lock() = Prefetch::default();
         *self.root.lock() = root;
         self.dirty.store(false, Ordering::Release);

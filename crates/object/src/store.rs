@@ -69,6 +69,11 @@ pub struct ObjectStore {
     pub(crate) scanner: crate::scan::Scanner,
     /// Itself, for work the sync thread hands to a thread of its own (a resilver).
     me: std::sync::OnceLock<std::sync::Weak<ObjectStore>>,
+    /// Serializes intent log commits (`zil.rs`).
+    pub(crate) log_lock: Mutex<()>,
+    /// Object set id → the first log block sequence number whose records apply to it (set
+    /// when it is rolled back or created), and whether the meta object set must be told.
+    floors: Mutex<(BTreeMap<u64, u64>, bool)>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -119,12 +124,15 @@ impl ObjectStore {
             feeding: AtomicBool::new(false),
             scanner: crate::scan::Scanner::new(),
             me: std::sync::OnceLock::new(),
+            log_lock: Mutex::new(()),
+            floors: Mutex::new((BTreeMap::new(), false)),
         });
         let _ = store.me.set(Arc::downgrade(&store));
         for os in store.objsets.read().values() {
             store.watch_errors(os);
         }
         store.scanner.load(&store)?;
+        store.load_floors()?;
         pool.set_syncer(store.clone());
         if fresh {
             pool.wait_synced()?;
@@ -254,6 +262,7 @@ impl ObjectStore {
         map.insert(id, os.clone());
         self.dirty_table.store(true, Ordering::Release);
         self.watch_errors(&os);
+        self.set_floor(id);
         Ok(os)
     }
 
@@ -277,6 +286,7 @@ impl ObjectStore {
         map.insert(id, os.clone());
         self.dirty_table.store(true, Ordering::Release);
         self.watch_errors(&os);
+        self.set_floor(id);
         os
     }
 
@@ -297,6 +307,76 @@ impl ObjectStore {
     pub fn reset_objset_syncing(&self, id: u64, root: Option<BlockPtr>) -> Result<(), ObjectError> {
         self.objset(id)?.reset_to(root);
         self.dirty_table.store(true, Ordering::Release);
+        self.set_floor(id);
+        Ok(())
+    }
+
+    /// Records of object set `id` logged before now never apply again (it was rolled back
+    /// or created anew); committed with the txg being synced or opened.
+    fn set_floor(&self, id: u64) {
+        let seq = self.pool.zil.floor();
+        let mut f = self.floors.lock();
+        f.0.insert(id, seq);
+        f.1 = true;
+    }
+
+    pub(crate) fn log_floors(&self) -> BTreeMap<u64, u64> {
+        self.floors.lock().0.clone()
+    }
+
+    fn load_floors(&self) -> Result<(), ObjectError> {
+        let meta = self.objset(META_OBJSET)?;
+        let mut f = self.floors.lock();
+        for (id, v) in meta.items(
+            crate::zil::ZIL_OBJ,
+            crate::zil::KIND_ZIL_FLOOR,
+            0,
+            u64::MAX,
+            usize::MAX,
+        )? {
+            if v.len() >= 8 {
+                f.0.insert(id, u64::from_le_bytes(v[..8].try_into().expect("8")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes changed floors into the meta object set (syncing context); floors of object
+    /// sets that are gone are dropped.
+    fn sync_floors(&self) -> Result<(), ObjectError> {
+        let (floors, dirty) = {
+            let mut f = self.floors.lock();
+            let ids = self.objsets.read();
+            let before = f.0.len();
+            f.0.retain(|id, _| ids.contains_key(id));
+            let changed = f.1 || f.0.len() != before;
+            f.1 = false;
+            (f.0.clone(), changed)
+        };
+        if !dirty {
+            return Ok(());
+        }
+        let meta = self.objset(META_OBJSET)?;
+        let old = meta.items(
+            crate::zil::ZIL_OBJ,
+            crate::zil::KIND_ZIL_FLOOR,
+            0,
+            u64::MAX,
+            usize::MAX,
+        )?;
+        for (id, _) in old {
+            if !floors.contains_key(&id) {
+                meta.remove_item_syncing(crate::zil::ZIL_OBJ, crate::zil::KIND_ZIL_FLOOR, id)?;
+            }
+        }
+        for (id, seq) in floors {
+            meta.put_item_syncing(
+                crate::zil::ZIL_OBJ,
+                crate::zil::KIND_ZIL_FLOOR,
+                id,
+                &seq.to_le_bytes(),
+            )?;
+        }
         Ok(())
     }
 
@@ -408,6 +488,8 @@ impl Syncer for ObjectStore {
         self.scanner
             .sync(self)
             .map_err(|e| PoolError::Corrupt(e.to_string()))?;
+        self.sync_floors()
+            .map_err(|e| PoolError::Corrupt(e.to_string()))?;
         meta.quiesce(ctx.txg);
         meta.sync(ctx.blocks, ctx.txg, ctx.batch)?;
         let all: Vec<Arc<ObjectSet>> = self.objsets.read().values().cloned().collect();
@@ -440,5 +522,6 @@ impl Syncer for ObjectStore {
             || self.objsets.read().values().any(|o| o.is_dirty())
             || self.hook().is_some_and(|h| h.is_dirty())
             || self.scanner.is_dirty()
+            || self.floors.lock().1
     }
 }

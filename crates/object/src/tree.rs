@@ -130,6 +130,9 @@ pub trait NodeStore: Send + Sync {
     fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError>;
     /// Frees a block during a sync (the store defers reuse).
     fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError>;
+    /// A data block the intent log wrote before this sync (see [`BlockRef::write_now`]) is
+    /// referenced by the tree for the first time: the store counts it as born.
+    fn prewritten(&self, _bp: &BlockPtr) {}
 }
 
 /// What a block written by the tree holds.
@@ -224,6 +227,11 @@ pub struct BlockRef {
     bp: OnceLock<BlockPtr>,
     data: Mutex<Option<Arc<Vec<u8>>>>,
     tag: u32,
+    /// Written outside a sync (by the intent log, or replayed from it) and not yet counted
+    /// as born by a sync.
+    prewritten: std::sync::atomic::AtomicBool,
+    /// Written by the intent log (on stable storage once its commit returned); stays set.
+    by_log: std::sync::atomic::AtomicBool,
 }
 
 impl BlockRef {
@@ -234,6 +242,8 @@ impl BlockRef {
             bp: OnceLock::new(),
             data: Mutex::new(Some(data)),
             tag,
+            prewritten: Default::default(),
+            by_log: Default::default(),
         })
     }
 
@@ -245,7 +255,57 @@ impl BlockRef {
             bp: cell,
             data: Mutex::new(None),
             tag: 0,
+            prewritten: Default::default(),
+            by_log: Default::default(),
         })
+    }
+
+    /// A block written outside a sync (replayed from the intent log): on disk already, but
+    /// counted as born by the sync that first references it.
+    pub fn new_prewritten(bp: BlockPtr, tag: u32) -> Arc<Self> {
+        let cell = OnceLock::new();
+        cell.set(bp).expect("fresh OnceLock");
+        Arc::new(BlockRef {
+            bp: cell,
+            data: Mutex::new(None),
+            tag,
+            prewritten: std::sync::atomic::AtomicBool::new(true),
+            by_log: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+
+    /// Writes the block now (the intent log's indirect writes) with `write`, unless it was
+    /// written already; returns its pointer and whether this call wrote it.
+    pub fn write_now(
+        &self,
+        write: impl FnOnce(&[u8], u32) -> Result<BlockPtr, TreeError>,
+    ) -> Result<(BlockPtr, bool), TreeError> {
+        let data = self.data.lock();
+        if let Some(bp) = self.bp.get() {
+            return Ok((*bp, false));
+        }
+        let bytes = data
+            .as_ref()
+            .ok_or_else(|| TreeError::Corrupt("data block neither written nor in memory".into()))?;
+        let bp = write(bytes, self.tag)?;
+        assert!(self.bp.set(bp).is_ok(), "data block bp set twice");
+        self.prewritten
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.by_log
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok((bp, true))
+    }
+
+    /// Whether the intent log wrote this block (and a sync has not counted it yet); clears
+    /// the mark.
+    pub fn take_prewritten(&self) -> bool {
+        self.prewritten
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Whether the intent log wrote this block (the mark stays).
+    pub fn by_log(&self) -> bool {
+        self.by_log.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn bp(&self) -> Option<BlockPtr> {
@@ -268,6 +328,9 @@ impl BlockRef {
         // `dirty_data` waits for the `bp` rather than seeing neither.
         let data = self.data.lock();
         if let Some(bp) = self.bp.get() {
+            if self.take_prewritten() {
+                store.prewritten(bp);
+            }
             return Ok(*bp);
         }
         let bytes = data

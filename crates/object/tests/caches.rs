@@ -25,6 +25,7 @@ fn reimport(devs: &[DeviceRef]) -> Arc<Pool> {
             name: None,
             rewind: false,
             force: false,
+            missing_log: false,
             tunables: Some(manual_txgs()),
         },
     )

@@ -6,7 +6,8 @@
 //! ```text
 //!   0 magic "TANKROOT" | 8 version u32 | 12 flags u32 | 16 txg u64 | 24 spacemap_chain u32
 //!  28 zero u32 | 32 history_count u64 | 40 objset table bp | 168 space map head bp
-//! 296 history head bp | 424..512 zero
+//! 296 history head bp | 424 intent log header (56 bytes, zil.rs; zeros: no log yet)
+//! 480..512 zero
 //! ```
 //! Objset table (3 copies): magic "TANKOSTB" | count u32 | zero u32 | count × { id u64, root bp }.
 //! Space map log block (3 copies): magic "TANKSPML" | txg u64 | flags u32 (bit 0: condensed)
@@ -49,6 +50,7 @@ pub struct RootBlock {
     pub objset_table: Option<BlockPtr>,
     pub spacemap_head: Option<BlockPtr>,
     pub history_head: Option<BlockPtr>,
+    pub log: crate::zil::LogHeader,
 }
 
 impl RootBlock {
@@ -62,6 +64,7 @@ impl RootBlock {
         b[40..168].copy_from_slice(&BlockPtr::encode_opt(self.objset_table.as_ref()));
         b[168..296].copy_from_slice(&BlockPtr::encode_opt(self.spacemap_head.as_ref()));
         b[296..424].copy_from_slice(&BlockPtr::encode_opt(self.history_head.as_ref()));
+        self.log.encode(&mut b[424..]);
         b
     }
 
@@ -79,6 +82,7 @@ impl RootBlock {
             objset_table: BlockPtr::decode(&b[40..168])?,
             spacemap_head: BlockPtr::decode(&b[168..296])?,
             history_head: BlockPtr::decode(&b[296..424])?,
+            log: crate::zil::LogHeader::decode(&b[424..]).map_err(PoolError::Corrupt)?,
         })
     }
 }
@@ -182,6 +186,18 @@ mod tests {
             objset_table: None,
             spacemap_head: None,
             history_head: None,
+            log: crate::zil::LogHeader {
+                guid: 7,
+                head_vdev: 2,
+                head_offset: 1 << 20,
+                head_seq: 11,
+                head_size: 8192,
+                region: Some(crate::zil::Region {
+                    vdev: 0,
+                    start: 4 << 20,
+                    end: 8 << 20,
+                }),
+            },
         };
         assert_eq!(RootBlock::decode(&r.encode()).unwrap(), r);
         let t = vec![(0u64, None), (5, None)];

@@ -24,6 +24,7 @@ pub mod label;
 pub mod pool;
 pub mod spec;
 pub mod txg;
+pub mod zil;
 
 pub use config::{PoolConfig, PoolState, TopKind, VdevClass, FORMAT_VERSION};
 pub use history::HistoryRecord;
@@ -33,6 +34,7 @@ pub use pool::{
 };
 pub use spec::{PoolSpec, VdevSpec};
 pub use txg::{Tx, TxgTunables};
+pub use zil::{LogEntry, LogError, LogStats};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -92,6 +92,9 @@ pub struct ImportOptions {
     pub rewind: bool,
     /// Import a pool that looks active on another host, or destroyed.
     pub force: bool,
+    /// Import although a log device holding the intent log is missing: its records are
+    /// discarded (`import -m`).
+    pub missing_log: bool,
     pub tunables: Option<TxgTunables>,
 }
 
@@ -174,6 +177,8 @@ pub struct Pool {
     config_changed: AtomicBool,
     /// Messages for the user gathered on import (missing devices, rewinds).
     pub import_notes: Vec<String>,
+    /// The intent log (`zil.rs`).
+    pub zil: crate::zil::IntentLog,
 }
 
 impl std::fmt::Debug for Pool {
@@ -564,6 +569,7 @@ impl Pool {
             closed: AtomicBool::new(false),
             config_changed: AtomicBool::new(false),
             import_notes: notes,
+            zil: crate::zil::IntentLog::new(None),
         })
     }
 
@@ -1194,7 +1200,18 @@ impl Pool {
             ));
         }
         if class == VdevClass::Log {
-            self.wait_synced()?;
+            // The ring moves off it at a txg commit with nothing live (a few at most).
+            self.zil.avoid(top.id);
+            for _ in 0..16 {
+                if !self.zil.uses(top.id) {
+                    break;
+                }
+                self.commit_device_change();
+                self.wait_synced()?;
+            }
+            if self.zil.uses(top.id) {
+                return refuse("the intent log still needs it; try again".into());
+            }
         }
         self.tops.write().retain(|(_, t)| t.id != top.id);
         self.blocks.remove_vdev(top.id);
@@ -1688,6 +1705,12 @@ impl Pool {
             ));
         }
         pool.import_notes.extend(missed_notes);
+        pool.load_log(
+            &ub,
+            ub.txg < newest,
+            config.state == PoolState::Exported,
+            opts,
+        )?;
         let open = newest + 1;
         pool.txg = TxgManager::new(open, tunables);
         pool.txg.inner.lock().synced = ub.txg;
@@ -1699,6 +1722,72 @@ impl Pool {
         let pool = Arc::new(pool);
         pool.start_sync_thread();
         Ok(pool)
+    }
+
+    /// Reads the intent log's chain from the loaded root block (see `zil.rs`). A chain that
+    /// starts on a missing or unreadable log device refuses the import, unless the pool was
+    /// exported (nothing can be in it) or `missing_log` (`-m`) says to discard it.
+    fn load_log(
+        &mut self,
+        ub: &Uberblock,
+        rewound: bool,
+        exported: bool,
+        opts: &ImportOptions,
+    ) -> Result<(), PoolError> {
+        let header = self.meta.lock().root.map(|r| r.log).unwrap_or_default();
+        self.zil = crate::zil::IntentLog::new(Some(header));
+        if header.guid == 0 {
+            return Ok(());
+        }
+        if rewound {
+            self.zil.discard();
+            self.import_notes
+                .push("the intent log was discarded with the rewound txgs".into());
+            return Ok(());
+        }
+        let logs: Vec<(u32, u64)> = self
+            .tops()
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Log)
+            .map(|(_, t)| (t.id, t.space()))
+            .collect();
+        let region_of = |v: u32| -> Option<crate::zil::Region> {
+            if let Some((id, space)) = logs.iter().find(|(id, _)| *id == v) {
+                return Some(crate::zil::Region {
+                    vdev: *id,
+                    start: 0,
+                    end: *space,
+                });
+            }
+            header.region.filter(|r| r.vdev == v)
+        };
+        let blocks = self.blocks.clone();
+        match self
+            .zil
+            .load(&header, ub.txg, &|id| blocks.vdev(id).ok(), &region_of)
+        {
+            Ok(()) => Ok(()),
+            Err(e) if exported => {
+                self.zil.discard();
+                self.import_notes.push(format!(
+                    "{e}; the pool was exported, so its intent log held nothing"
+                ));
+                Ok(())
+            }
+            Err(e) if opts.missing_log => {
+                self.zil.discard();
+                self.import_notes.push(format!(
+                    "{e}: the intent log was discarded (-m); synchronous writes acknowledged after txg {} may be lost",
+                    ub.txg
+                ));
+                Ok(())
+            }
+            Err(e) => Err(PoolError::Import(format!(
+                "cannot import '{}': {e}, and the pool's intent log may hold synchronous writes acknowledged after txg {}; use -m to import without them (they are lost)",
+                self.name(),
+                ub.txg
+            ))),
+        }
     }
 
     /// Loads and verifies the metadata of one uberblock: root block, objset table, space map
@@ -2024,6 +2113,7 @@ impl Pool {
         let mut meta = self.meta.lock();
         let blocks = &self.blocks;
         let old_root = meta.root;
+        self.allocate_log_region(txg);
         // Objset table.
         if let Some(bp) = old_root.and_then(|r| r.objset_table) {
             blocks.free(&bp, txg)?;
@@ -2084,6 +2174,7 @@ impl Pool {
             &batch,
         )?;
         let root = RootBlock {
+            log: self.log_header(txg),
             txg,
             spacemap_chain: if condense { 1 } else { chain_len + 1 },
             history_count,
@@ -2130,7 +2221,96 @@ impl Pool {
         meta.root_bp = Some(root_bp);
         meta.spacemap_chain.insert(0, sm_bp);
         meta.objsets = objsets;
+        self.zil.committed(txg);
         Ok(())
+    }
+
+    /// The intent log's header for the root block of `txg`; allocates the log's region in
+    /// the pool first if a commit wanted one (before the space map block takes the txg's
+    /// allocations, so the caller calls this first).
+    fn log_header(&self, txg: u64) -> crate::zil::LogHeader {
+        let avoid = self.zil.avoided();
+        let preferred = self
+            .tops()
+            .into_iter()
+            .filter(|(c, t)| *c == VdevClass::Log && t.readable() && !avoid.contains(&t.id))
+            .map(|(_, t)| crate::zil::Region {
+                vdev: t.id,
+                start: 0,
+                end: t.space(),
+            })
+            .next()
+            .or(self.zil.pool_region());
+        self.zil.header_for(txg, preferred)
+    }
+
+    /// Allocates the intent log's region on a normal vdev when a commit asked for one:
+    /// 1/128 of the normal class, from `zil::MIN_REGION` to `zil::MAX_REGION`. Without room
+    /// the log keeps falling back to txg syncs.
+    fn allocate_log_region(&self, txg: u64) {
+        if !self.zil.wants_region() {
+            return;
+        }
+        let normal: u64 = self
+            .tops()
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Normal)
+            .map(|(_, t)| t.space())
+            .sum();
+        let len = (normal / 128).clamp(crate::zil::MIN_REGION, crate::zil::MAX_REGION) >> 20 << 20;
+        let mut alloc = self.blocks.alloc.lock();
+        if alloc.free_bytes() < len * 4 {
+            return;
+        }
+        if let Ok((vdev, start, len)) =
+            alloc.alloc(&|_| len, &[], tank_block::AllocClass::Metadata, txg)
+        {
+            self.zil.set_pool_region(crate::zil::Region {
+                vdev,
+                start,
+                end: start + len,
+            });
+        }
+    }
+
+    /// Runs `f` at a point where no transaction is running (the intent log takes the changes
+    /// made so far there, so it never holds half of one).
+    pub fn quiet<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _gate = self.txg.gate.write();
+        f()
+    }
+
+    /// Writes `entries` to the intent log as one commit (see `zil.rs`); on any error the
+    /// caller waits for a txg instead.
+    pub fn log_write(
+        &self,
+        entries: Vec<crate::zil::LogEntry>,
+    ) -> Result<(), crate::zil::LogError> {
+        if let Some(f) = self.suspended() {
+            return Err(crate::zil::LogError::Io(f));
+        }
+        self.zil.write(entries, &|id| self.blocks.vdev(id).ok())
+    }
+
+    /// Waits until txg `txg` is committed (or found to have nothing to commit).
+    pub fn wait_txg(&self, txg: u64) -> Result<(), PoolError> {
+        let mut inner = self.txg.inner.lock();
+        let seq = inner.tx_seq;
+        inner.want = inner.want.max(txg);
+        inner.want_seq = inner.want_seq.max(seq);
+        self.txg.cv.notify_all();
+        loop {
+            if let Some(f) = &inner.failed {
+                return Err(self.suspended_error(f.clone()));
+            }
+            if inner.synced >= txg || inner.idle_seq >= seq {
+                return Ok(());
+            }
+            if inner.shutdown && self.sync_thread.lock().is_none() {
+                return Err(self.suspended_error("pool is closed".into()));
+            }
+            self.txg.cv.wait_for(&mut inner, Duration::from_millis(200));
+        }
     }
 
     /// Syncs everything and stops the sync thread.

@@ -255,6 +255,10 @@ pub struct ImportArgs {
     /// Import even if the pool looks active on another host, or was destroyed.
     #[arg(short = 'f')]
     force: bool,
+    /// Import even if a log device holding the intent log is missing; the synchronous
+    /// writes only it held are lost.
+    #[arg(short = 'm')]
+    missing_log: bool,
     #[arg(long)]
     json: bool,
     /// Pool name or numeric guid.
@@ -1242,6 +1246,7 @@ fn import(a: ImportArgs) -> Result<()> {
             name: Some(name.clone()),
             rewind: a.rewind,
             force: a.force,
+            missing_log: a.missing_log,
             tunables: None,
         },
     )?;

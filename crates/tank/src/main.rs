@@ -11,6 +11,7 @@ mod out;
 mod bench;
 mod bench_cache;
 mod bench_scrub;
+mod bench_sync;
 mod cmd_arc;
 mod cmd_dataset;
 mod cmd_debug;
@@ -80,6 +81,9 @@ enum Command {
     /// Measure what an L2ARC device buys for random reads (emulated build), or the ARC's
     /// memory discipline (--rss).
     BenchCache(bench_cache::CacheBenchArgs),
+    /// Synchronous write rate and fsync latency with and without a log device (SLOG) on
+    /// an emulated build.
+    BenchSync(bench_sync::SyncBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -106,6 +110,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchEngine(a) => bench::run(a),
         Command::BenchScrub(a) => bench_scrub::run(a),
         Command::BenchCache(a) => bench_cache::run(a),
+        Command::BenchSync(a) => bench_sync::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),

@@ -23,9 +23,12 @@
 //! `release` (or the next mount, after a crash) frees it and removes it from the set, as
 //! ZFS's unlinked set does. A read-only mount (snapshots) writes nothing, not even this.
 //!
-//! Durability: `fsync` waits for a txg sync (`ObjectStore::sync`), so everything done
-//! before it is durable, not only the file's changes. With `sync=always` every changing
-//! operation syncs before it returns; with `sync=disabled` fsync returns at once.
+//! Durability: `fsync` commits the object set's intent log (`ObjectStore::log_commit`):
+//! every change of this filesystem made before it is durable when it returns (not only the
+//! file's), in a log record on the pool's log device or log region, or, when the log cannot
+//! take it, by a txg sync. With `sync=always` every changing operation commits the log
+//! before it returns; with `sync=disabled` fsync returns at once (unsafe: a crash loses
+//! what the last txgs held, though never the consistency of the filesystem).
 //!
 //! # Concurrency
 //! `ns` (a read-write lock) orders the namespace: operations that add, remove or move
@@ -284,7 +287,7 @@ impl Fs {
     /// After a change: with `sync=always`, make it durable before returning.
     pub(super) fn done(&self) -> Result<()> {
         if self.hooks.sync_mode() == SyncMode::Always {
-            self.store.sync()?;
+            self.store.log_commit(&self.objset)?;
         }
         Ok(())
     }
@@ -675,7 +678,7 @@ impl Fs {
         if self.hooks.sync_mode() == SyncMode::Disabled {
             return Ok(());
         }
-        self.store.sync()?;
+        self.store.log_commit(&self.objset)?;
         Ok(())
     }
 

@@ -537,6 +537,10 @@ pub fn pool_usage(pool: &Pool, store: &ObjectStore, dsl: &Dsl) -> Result<PoolUsa
     }
     let space = pool.space();
     usage.live = space.allocated - space.deferred;
+    // The intent log's region in the pool (allocated once, referenced by the root block).
+    if let Some(r) = pool.zil.pool_region() {
+        usage.pool += r.end - r.start;
+    }
     let reached = usage.datasets + usage.meta + usage.pool;
     if usage.live != reached {
         return Err(format!(

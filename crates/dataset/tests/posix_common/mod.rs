@@ -176,7 +176,7 @@ impl MemFs {
         pool.export().unwrap();
         drop(pool);
         let devs: Vec<DeviceRef> = mems.iter().map(|m| m.clone() as DeviceRef).collect();
-        let (pool, store) = import_devs(&devs, false).unwrap();
+        let (pool, store) = import_replayed(&devs, false).unwrap();
         let fs = mount(&store, &hooks).unwrap();
         MemFs {
             mems,
@@ -233,7 +233,7 @@ pub fn import_images(
         .into_iter()
         .map(|(n, b)| Arc::new(MemDevice::from_bytes(n, b)) as DeviceRef)
         .collect();
-    import_devs(&devs, false)
+    import_replayed(&devs, false)
 }
 
 pub fn import_devs(
@@ -246,11 +246,23 @@ pub fn import_devs(
             name: None,
             rewind,
             force: false,
+            missing_log: false,
             tunables: Some(manual_txgs()),
         },
     )
     .map_err(|e| e.to_string())?;
     let store = ObjectStore::open(pool.clone()).map_err(|e| e.to_string())?;
+    Ok((pool, store))
+}
+
+/// `import_devs`, then the intent log replayed, as the dataset layer does when it opens
+/// (for tests of the POSIX layer alone: no snapshots, so no snapshot txgs to set first).
+pub fn import_replayed(
+    devs: &[DeviceRef],
+    rewind: bool,
+) -> Result<(Arc<Pool>, Arc<ObjectStore>), String> {
+    let (pool, store) = import_devs(devs, rewind)?;
+    store.replay_log().map_err(|e| e.to_string())?;
     Ok((pool, store))
 }
 

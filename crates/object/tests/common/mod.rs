@@ -84,6 +84,7 @@ pub fn import_devs(
             name: None,
             rewind,
             force: false,
+            missing_log: false,
             tunables: Some(manual_txgs()),
         },
     )

@@ -1,0 +1,378 @@
+//! The intent log: fsync acknowledged by a log record, replayed after a crash.
+//!
+//! - A workload of small and large writes, each followed by fsync, on a mirror with a
+//!   separate log device and on one without (the log then lives in a region of the pool),
+//!   is cut at every device write and flush (and seeded variants that keep random unflushed
+//!   writes or tear the last one). Txgs commit only when the log cannot take a commit, so
+//!   what survives is the log's work: after import and replay the file must be exactly as
+//!   the last acknowledged fsync left it, or as the one in flight.
+//! - The log device pulled in the middle: commits fall back to txg syncs, then to the
+//!   pool's region; nothing acknowledged is lost, and the pool imports without it.
+//! - A log device missing at import with records on it: refused with a message naming
+//!   `-m`; with `-m`, imported at the last committed txg.
+//! - Large writes go to the pool with a pointer in the log (little log traffic).
+
+mod posix_common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use posix_common::*;
+use tank_dataset::posix::{Cred, Fs, ROOT_INO};
+use tank_device::{BlockDevice, CrashMode, DeviceRef, SimDevice, SimFleet};
+use tank_object::ObjectStore;
+use tank_pool::{CreateOptions, ImportOptions, Pool};
+
+const DEV_SIZE: u64 = 64 << 20;
+const LOG_SIZE: u64 = 64 << 20;
+
+fn log_pool(fleet: &SimFleet, slog: bool) -> (Vec<SimDevice>, Arc<Pool>, Arc<ObjectStore>) {
+    let mut devs = vec![fleet.device("d0", DEV_SIZE), fleet.device("d1", DEV_SIZE)];
+    let mut text = "mirror d0 d1".to_string();
+    if slog {
+        devs.push(fleet.device("s0", LOG_SIZE));
+        text.push_str(" log s0");
+    }
+    let map: HashMap<String, DeviceRef> = devs
+        .iter()
+        .map(|d| (d.name().to_string(), Arc::new(d.clone()) as DeviceRef))
+        .collect();
+    let opts = CreateOptions {
+        ashift: 12,
+        force: false,
+        tunables: manual_txgs(),
+    };
+    let (pool, _) = Pool::create("zil", &spec(&text), &map, &opts).unwrap();
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    (devs, pool, store)
+}
+
+fn hooks() -> Arc<TestHooks> {
+    let h = Arc::new(TestHooks::default());
+    h.atime.store(false, std::sync::atomic::Ordering::Relaxed);
+    h
+}
+
+/// Writes of step `i`: mostly small, every fourth a large one (by pointer in the log).
+fn step_write(i: usize) -> (u64, Vec<u8>) {
+    if i % 4 == 3 {
+        ((i as u64) * 7000, pattern(i as u64 + 100, 300_000))
+    } else {
+        (
+            (i as u64) * 5000 % 200_000,
+            pattern(i as u64 + 1, 3000 + i * 17),
+        )
+    }
+}
+
+const STEPS: usize = 10;
+
+/// Incompressible bytes, different per seed.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The workload: the file's content after each acknowledged fsync (index 0: empty, before
+/// the first), and how many were acknowledged.
+fn workload(fs: &Fs) -> (Vec<Vec<u8>>, usize) {
+    let root = Cred::root();
+    let mut model = vec![Vec::new()];
+    let mut acked = 0;
+    let _ = (|| -> Result<(), tank_dataset::Errno> {
+        let f = fs
+            .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)?
+            .ino;
+        // The file exists (empty) once this fsync returns.
+        model.push(Vec::new());
+        fs.fsync(f, false)?;
+        acked = 1;
+        let mut content = Vec::new();
+        for i in 0..STEPS {
+            let (off, data) = step_write(i);
+            fs.write(&root, f, off, &data, false)?;
+            let end = off as usize + data.len();
+            if content.len() < end {
+                content.resize(end, 0);
+            }
+            content[off as usize..end].copy_from_slice(&data);
+            model.push(content.clone());
+            fs.fsync(f, false)?;
+            acked = model.len() - 1;
+        }
+        Ok(())
+    })();
+    (model, acked)
+}
+
+struct Outcome {
+    model: Vec<Vec<u8>>,
+    acked: usize,
+    ops: u64,
+}
+
+fn run(seed: u64, slog: bool, crash_at: Option<u64>) -> (SimFleet, Outcome, tank_pool::LogStats) {
+    let fleet = SimFleet::new(seed);
+    let (_devs, pool, store) = log_pool(&fleet, slog);
+    let base = fleet.ops();
+    if let Some(k) = crash_at {
+        fleet.set_crash_at(Some(base + k));
+    }
+    let (model, acked) = match mount(&store, &hooks()) {
+        Ok(fs) => workload(&fs),
+        Err(_) => (vec![Vec::new()], 0),
+    };
+    let ops = fleet.ops() - base;
+    let stats = pool.zil.stats();
+    drop(store);
+    // No export: the process dies with the pool imported (txgs commit only when asked).
+    drop(pool);
+    (fleet, Outcome { model, acked, ops }, stats)
+}
+
+/// Imports the crashed images, replays, and returns the file's content (None: no file).
+fn recover(
+    images: Vec<(String, Vec<u8>)>,
+    ctx: &str,
+) -> (Option<Vec<u8>>, Arc<Pool>, Arc<ObjectStore>, Arc<Fs>) {
+    let (pool, store) = import_images(images).unwrap_or_else(|e| panic!("{ctx}: import: {e}"));
+    let fs = mount(&store, &hooks()).unwrap_or_else(|e| panic!("{ctx}: mount: {e:?}"));
+    fsck(&fs, &store).unwrap_or_else(|e| panic!("{ctx}: fsck: {e}"));
+    let root = Cred::root();
+    let content = fs.lookup(&root, ROOT_INO, os("f")).ok().map(|a| {
+        let mut out = Vec::new();
+        loop {
+            let piece = fs
+                .read(a.ino, out.len() as u64, 1 << 20)
+                .unwrap_or_else(|e| panic!("{ctx}: read: {e:?}"));
+            if piece.is_empty() {
+                break out;
+            }
+            out.extend(piece);
+        }
+    });
+    (content, pool, store, fs)
+}
+
+fn check(seed: u64, slog: bool, k: u64, mode: CrashMode) {
+    let ctx = format!("seed {seed:#x} slog {slog} cut {k} {mode:?}");
+    let (fleet, out, _) = run(seed, slog, Some(k));
+    let (content, pool, store, fs) = recover(fleet.crash_images(mode), &ctx);
+    // Phase 0 (before the first fsync) has no file; later phases have it.
+    let phase_of = |c: &Option<Vec<u8>>| -> Vec<usize> {
+        (0..out.model.len())
+            .filter(|&p| match c {
+                None => p == 0,
+                Some(bytes) => p > 0 && out.model[p] == *bytes,
+            })
+            .collect()
+    };
+    let phases = phase_of(&content);
+    assert!(
+        phases.iter().any(|&p| p == out.acked || p == out.acked + 1),
+        "{ctx}: the file matches phases {phases:?}, but fsync {} was acknowledged (len {:?})",
+        out.acked,
+        content.as_ref().map(Vec::len)
+    );
+    // Writable afterwards, and its own fsyncs hold across another import.
+    let root = Cred::root();
+    let g = fs
+        .mknod(&root, ROOT_INO, os("after"), libc::S_IFREG | 0o644, 0)
+        .unwrap();
+    fs.write(&root, g.ino, 0, b"after the crash", false)
+        .unwrap();
+    fs.fsync(g.ino, false).unwrap();
+    drop(fs);
+    drop(store);
+    pool.shutdown().unwrap();
+}
+
+fn every_cut(seed: u64, slog: bool) {
+    let (_, full, stats) = run(seed, slog, None);
+    assert_eq!(full.acked, STEPS + 1, "the workload runs without a crash");
+    // The log did the work: at most the first commit (which makes the pool's region)
+    // waited for a txg.
+    assert!(
+        stats.commits >= STEPS as u64 && stats.fallbacks <= 1,
+        "log stats {stats:?}"
+    );
+    if slog {
+        assert!(stats.device.starts_with("log"), "{stats:?}");
+    } else {
+        assert!(stats.device.starts_with("pool"), "{stats:?}");
+    }
+    for k in 0..=full.ops {
+        check(seed, slog, k, CrashMode::DropUnflushed);
+        if k % 3 == 0 {
+            check(seed, slog, k, CrashMode::TearLast { seed: seed ^ k });
+            check(
+                seed,
+                slog,
+                k,
+                CrashMode::KeepRandomSubset { seed: seed ^ k },
+            );
+        }
+    }
+}
+
+#[test]
+fn fsync_survives_a_crash_at_every_write_with_a_log_device() {
+    every_cut(seed(0x2170_0001), true);
+}
+
+#[test]
+fn fsync_survives_a_crash_at_every_write_with_the_log_in_the_pool() {
+    every_cut(seed(0x2170_0002), false);
+}
+
+#[test]
+fn large_sync_writes_go_to_the_pool_with_a_pointer_in_the_log() {
+    let fleet = SimFleet::new(seed(0x2170_0003));
+    let (devs, pool, store) = log_pool(&fleet, true);
+    let fs = mount(&store, &hooks()).unwrap();
+    let root = Cred::root();
+    let f = fs
+        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
+        .unwrap()
+        .ino;
+    fs.fsync(f, false).unwrap();
+    let slog_before = devs[2].stats().bytes_written;
+    let log_before = pool.zil.stats().bytes;
+    let data = pattern(9, 8 << 20);
+    fs.write(&Cred::root(), f, 0, &data, false).unwrap();
+    fs.fsync(f, false).unwrap();
+    let log_bytes = pool.zil.stats().bytes - log_before;
+    let slog_bytes = devs[2].stats().bytes_written - slog_before;
+    assert!(
+        log_bytes < 256 << 10 && slog_bytes < 512 << 10,
+        "8 MiB of sync writes put {log_bytes} bytes in the log ({slog_bytes} on the log device)"
+    );
+    drop(fs);
+    drop(store);
+    drop(pool);
+    let (content, pool, _store, _fs) =
+        recover(fleet.crash_images(CrashMode::DropUnflushed), "large");
+    let got = content.unwrap_or_default();
+    let first_diff = got.iter().zip(&data).position(|(a, b)| a != b);
+    assert!(
+        got == data,
+        "the large write survives the crash: {} bytes read, first difference at {first_diff:?}",
+        got.len()
+    );
+    drop(_fs);
+    drop(_store);
+    pool.shutdown().unwrap();
+}
+
+#[test]
+fn log_device_pulled_mid_workload_loses_nothing_acknowledged() {
+    let fleet = SimFleet::new(seed(0x2170_0004));
+    let (devs, pool, store) = log_pool(&fleet, true);
+    let fs = mount(&store, &hooks()).unwrap();
+    let root = Cred::root();
+    let f = fs
+        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
+        .unwrap()
+        .ino;
+    let mut content = Vec::new();
+    for i in 0..12 {
+        if i == 5 {
+            devs[2].set_gone(true);
+        }
+        let (off, data) = step_write(i);
+        fs.write(&root, f, off, &data, false).unwrap();
+        let end = off as usize + data.len();
+        if content.len() < end {
+            content.resize(end, 0);
+        }
+        content[off as usize..end].copy_from_slice(&data);
+        fs.fsync(f, false)
+            .unwrap_or_else(|e| panic!("fsync {i} with the log device gone: {e:?}"));
+    }
+    let stats = pool.zil.stats();
+    assert!(stats.fallbacks >= 1, "{stats:?}");
+    assert!(
+        stats.device.starts_with("pool"),
+        "the log moved to the pool: {stats:?}"
+    );
+    drop(fs);
+    drop(store);
+    drop(pool);
+    // Without the dead log device: the committed header points into the pool.
+    let images: Vec<(String, Vec<u8>)> = fleet
+        .crash_images(CrashMode::DropUnflushed)
+        .into_iter()
+        .filter(|(n, _)| n != "s0")
+        .collect();
+    let (got, pool, _store, _fs) = recover(images, "pulled");
+    assert!(
+        got.as_deref() == Some(&content[..]),
+        "acknowledged writes survive"
+    );
+    drop(_fs);
+    drop(_store);
+    pool.shutdown().unwrap();
+}
+
+#[test]
+fn missing_log_device_at_import_needs_dash_m() {
+    let fleet = SimFleet::new(seed(0x2170_0005));
+    let (_devs, pool, store) = log_pool(&fleet, true);
+    let fs = mount(&store, &hooks()).unwrap();
+    let root = Cred::root();
+    let f = fs
+        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
+        .unwrap()
+        .ino;
+    fs.fsync(f, false).unwrap();
+    store.sync().unwrap();
+    fs.write(&root, f, 0, b"only in the log", false).unwrap();
+    fs.fsync(f, false).unwrap();
+    assert!(pool.zil.stats().commits >= 1);
+    drop(fs);
+    drop(store);
+    drop(pool);
+    let images: Vec<(String, Vec<u8>)> = fleet
+        .crash_images(CrashMode::DropUnflushed)
+        .into_iter()
+        .filter(|(n, _)| n != "s0")
+        .collect();
+    let devs: Vec<DeviceRef> = images
+        .iter()
+        .map(|(n, b)| {
+            Arc::new(tank_device::MemDevice::from_bytes(n.clone(), b.clone())) as DeviceRef
+        })
+        .collect();
+    let opts = |m: bool| ImportOptions {
+        missing_log: m,
+        tunables: Some(manual_txgs()),
+        ..Default::default()
+    };
+    let err = Pool::import(&devs, &opts(false)).unwrap_err().to_string();
+    assert!(
+        err.contains("-m") && err.contains("log"),
+        "refused with a message naming -m: {err}"
+    );
+    let pool = Pool::import(&devs, &opts(true)).unwrap();
+    assert!(
+        pool.import_notes.iter().any(|n| n.contains("discarded")),
+        "{:?}",
+        pool.import_notes
+    );
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    assert_eq!(store.replay_log().unwrap(), 0);
+    let fs = mount(&store, &hooks()).unwrap();
+    fsck(&fs, &store).unwrap();
+    let a = fs.lookup(&root, ROOT_INO, os("f")).unwrap();
+    assert_eq!(a.size, 0, "the committed txg holds the empty file");
+    drop(fs);
+    drop(store);
+    pool.shutdown().unwrap();
+}

@@ -1,0 +1,725 @@
+//! The intent log (ZFS's zil): what fsync, O_SYNC and `sync=always` wait for instead of a txg.
+//!
+//! # Theory of operation
+//! The layer above hands [`IntentLog::write`] a list of entries (an object set id, the txg of
+//! the change, opaque bytes). They go to stable storage as one *commit*: one or more log
+//! blocks, each checksummed over itself (its parent cannot hold its checksum: it is written
+//! before anything points at it), chained by sequence number, the last marked as the end of
+//! the commit; then the log's devices are flushed. Replay applies entries only up to the last
+//! complete commit.
+//!
+//! Blocks are written into a *ring*: the whole of a `log` vdev when the pool has one (a
+//! mirrored log vdev mirrors every block), otherwise a region of a normal vdev allocated
+//! once, at the first commit, and kept (as OpenZFS's embedded log class keeps a metaslab per
+//! vdev). Where OpenZFS allocates every log block from the space maps and claims them at
+//! import, a ring needs no claiming and never leaks: what may be overwritten is decided by
+//! the txgs alone.
+//!
+//! The chain's head (the oldest block that may hold entries newer than the committed txg,
+//! with the sequence number and size it must have) is in the root block of every txg, so it
+//! commits atomically with the state the log continues. A block with entries of txg `t` is
+//! *live* until txg `t` commits; the ring refuses (`Full`) a block that would overwrite a
+//! live one, and the caller falls back to waiting for a txg. Every block says where the next
+//! one goes and its size, so stale blocks of an earlier lap never pass (their sequence
+//! number is lower) and a torn block ends the chain.
+//!
+//! When the log cannot take a commit (no ring yet, the ring full, a log device failed, the
+//! ring moving to another device), `write` returns an error and the caller waits for a txg
+//! sync instead: slower, never less safe. The ring moves only when no block is live, at a
+//! txg commit, so a chain never spans two places.
+//!
+//! At import the chain is read from the head; entries of txgs after the committed one are
+//! handed to the layer above ([`IntentLog::take_replay`]), and the blocks stay live until
+//! the txg that holds the replayed changes commits ([`IntentLog::replayed`]).
+//!
+//! # Concurrency
+//! `writer` serializes commits (one chain, written in order); `state` guards the ring and is
+//! never held across I/O.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use tank_vdev::{IoBatch, TopVdev};
+
+pub const LOG_MAGIC: &[u8; 8] = b"TANKZLOG";
+pub const LOG_VERSION: u32 = 1;
+/// Bytes before a block's entries.
+pub const BLOCK_HEADER: usize = 96;
+/// Bytes before an entry's data.
+pub const ENTRY_HEADER: usize = 24;
+/// Largest log block; larger commits take several.
+pub const MAX_BLOCK: u64 = 256 << 10;
+/// Smallest pool region (and the part of the normal class it takes at most: 1/128, up to
+/// `MAX_REGION`).
+pub const MIN_REGION: u64 = 4 << 20;
+pub const MAX_REGION: u64 = 256 << 20;
+const FLAG_COMMIT_END: u32 = 1;
+
+/// One change the layer above logged: its object set, its txg and its encoding. `seq` is the
+/// sequence number of the block it was read from (replay only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    pub objset: u64,
+    pub txg: u64,
+    pub seq: u64,
+    pub data: Vec<u8>,
+}
+
+/// Why a commit did not go to the log (the caller waits for a txg instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    #[error("the pool has no intent log space yet")]
+    NoRegion,
+    #[error("the intent log is full until the next txg commits")]
+    Full,
+    #[error("the intent log is moving to another device")]
+    Moving,
+    #[error("intent log write failed: {0}")]
+    Io(String),
+    #[error("log entry of {0} bytes is larger than a log block")]
+    TooLarge(usize),
+}
+
+/// Where the ring lives: `[start, end)` of top-level vdev `vdev`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Region {
+    pub vdev: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// The chain's head as the root block of a txg records it (FORMAT.md, root block 424..480).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogHeader {
+    pub guid: u64,
+    pub head_vdev: u32,
+    pub head_offset: u64,
+    pub head_seq: u64,
+    pub head_size: u32,
+    /// The normal-class region, once allocated.
+    pub region: Option<Region>,
+}
+
+impl LogHeader {
+    pub const OFFSET: usize = 424;
+    pub const SIZE: usize = 56;
+
+    pub fn encode(&self, b: &mut [u8]) {
+        let b = &mut b[..Self::SIZE];
+        b.fill(0);
+        if self.guid == 0 {
+            return;
+        }
+        b[0..4].copy_from_slice(&LOG_VERSION.to_le_bytes());
+        b[4..8].copy_from_slice(&self.head_vdev.to_le_bytes());
+        b[8..16].copy_from_slice(&self.guid.to_le_bytes());
+        b[16..24].copy_from_slice(&self.head_seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.head_offset.to_le_bytes());
+        b[32..36].copy_from_slice(&self.head_size.to_le_bytes());
+        if let Some(r) = self.region {
+            b[36..40].copy_from_slice(&r.vdev.to_le_bytes());
+            b[40..48].copy_from_slice(&r.start.to_le_bytes());
+            b[48..56].copy_from_slice(&(r.end - r.start).to_le_bytes());
+        }
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, String> {
+        let b = &b[..Self::SIZE];
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        match u32_at(0) {
+            0 => return Ok(Self::default()),
+            LOG_VERSION => {}
+            v => return Err(format!("intent log header: unsupported version {v}")),
+        }
+        let len = u64_at(48);
+        let head_size = u32_at(32);
+        // 0: no chain to read (the log never had a place).
+        if head_size != 0
+            && (!(512..=MAX_BLOCK as u32).contains(&head_size) || head_size % 512 != 0)
+        {
+            return Err(format!("intent log header: bad block size {head_size}"));
+        }
+        Ok(Self {
+            guid: u64_at(8),
+            head_vdev: u32_at(4),
+            head_seq: u64_at(16),
+            head_offset: u64_at(24),
+            head_size,
+            region: (len > 0).then(|| Region {
+                vdev: u32_at(36),
+                start: u64_at(40),
+                end: u64_at(40) + len,
+            }),
+        })
+    }
+}
+
+/// A log block as written (FORMAT.md §13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Block {
+    guid: u64,
+    seq: u64,
+    commit_end: bool,
+    next_vdev: u32,
+    next_offset: u64,
+    next_size: u32,
+    entries: Vec<LogEntry>,
+}
+
+fn entry_bytes(e: &LogEntry) -> usize {
+    ENTRY_HEADER + e.data.len().div_ceil(8) * 8
+}
+
+impl Block {
+    fn encode(&self, size: usize) -> Vec<u8> {
+        let mut b = vec![0u8; size];
+        b[0..8].copy_from_slice(LOG_MAGIC);
+        b[8..12].copy_from_slice(&LOG_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&u32::from(self.commit_end).to_le_bytes());
+        b[16..24].copy_from_slice(&self.guid.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[36..40].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        b[40..44].copy_from_slice(&self.next_vdev.to_le_bytes());
+        b[44..48].copy_from_slice(&self.next_size.to_le_bytes());
+        b[48..56].copy_from_slice(&self.next_offset.to_le_bytes());
+        let mut o = BLOCK_HEADER;
+        for e in &self.entries {
+            b[o..o + 8].copy_from_slice(&e.objset.to_le_bytes());
+            b[o + 8..o + 16].copy_from_slice(&e.txg.to_le_bytes());
+            b[o + 16..o + 20].copy_from_slice(&(e.data.len() as u32).to_le_bytes());
+            b[o + ENTRY_HEADER..o + ENTRY_HEADER + e.data.len()].copy_from_slice(&e.data);
+            o += entry_bytes(e);
+        }
+        b[32..36].copy_from_slice(&((o - BLOCK_HEADER) as u32).to_le_bytes());
+        let sum = blake3::hash(&b);
+        b[64..96].copy_from_slice(sum.as_bytes());
+        b
+    }
+
+    /// Decodes and verifies a block that must be sequence `seq` of chain `guid`.
+    fn decode(b: &[u8], guid: u64, seq: u64) -> Option<Block> {
+        if b.len() < BLOCK_HEADER || &b[0..8] != LOG_MAGIC {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        if u32_at(8) != LOG_VERSION || u64_at(16) != guid || u64_at(24) != seq {
+            return None;
+        }
+        let mut copy = b.to_vec();
+        copy[64..96].fill(0);
+        if blake3::hash(&copy).as_bytes() != &b[64..96] {
+            return None;
+        }
+        let payload = u32_at(32) as usize;
+        let count = u32_at(36) as usize;
+        if BLOCK_HEADER + payload > b.len() {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(count.min(4096));
+        let mut o = BLOCK_HEADER;
+        for _ in 0..count {
+            if o + ENTRY_HEADER > BLOCK_HEADER + payload {
+                return None;
+            }
+            let len = u32_at(o + 16) as usize;
+            if o + ENTRY_HEADER + len > BLOCK_HEADER + payload {
+                return None;
+            }
+            let e = LogEntry {
+                objset: u64_at(o),
+                txg: u64_at(o + 8),
+                seq,
+                data: b[o + ENTRY_HEADER..o + ENTRY_HEADER + len].to_vec(),
+            };
+            o += entry_bytes(&e);
+            entries.push(e);
+        }
+        Some(Block {
+            guid,
+            seq,
+            commit_end: u32_at(12) & FLAG_COMMIT_END != 0,
+            next_vdev: u32_at(40),
+            next_size: u32_at(44),
+            next_offset: u64_at(48),
+            entries,
+        })
+    }
+}
+
+/// A written block that may still be needed: until txg `max_txg` commits.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    vdev: u32,
+    offset: u64,
+    seq: u64,
+    size: u32,
+    asize: u64,
+    max_txg: u64,
+}
+
+/// Counters for `tank pool iostat -l`-style reporting and the tests.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LogStats {
+    pub commits: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Commits that waited for a txg instead (no region, full, moving, a failed device).
+    pub fallbacks: u64,
+    pub write_errors: u64,
+    /// Where the ring is now ("none" before the first commit).
+    pub device: String,
+    pub live_blocks: usize,
+    pub replayed_entries: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    guid: u64,
+    /// Where blocks go now, and the next one's position, sequence number and size.
+    ring: Option<Region>,
+    pos: u64,
+    seq: u64,
+    size: u32,
+    /// The normal-class region (allocated at a commit once a log write wanted it).
+    pool_region: Option<Region>,
+    want_region: bool,
+    live: VecDeque<Live>,
+    /// A commit failed half-way or a device failed: no writes until the ring is empty and
+    /// the next txg commit restarts it (possibly elsewhere).
+    broken: bool,
+    /// Log vdevs that failed a write; not used again by this import.
+    failed: Vec<u32>,
+    replay: Vec<LogEntry>,
+    stats: LogStats,
+}
+
+/// The pool's intent log. See the module documentation.
+#[derive(Debug, Default)]
+pub struct IntentLog {
+    state: Mutex<State>,
+    writer: Mutex<()>,
+    /// Entries written (for the tests' and benchmarks' counters).
+    entries: AtomicU64,
+}
+
+/// The size class of a block holding `bytes` of entries.
+fn block_size(bytes: usize, sector: u64) -> u32 {
+    let need = (BLOCK_HEADER + bytes) as u64;
+    need.next_power_of_two()
+        .clamp(sector.max(4096), MAX_BLOCK)
+        .div_ceil(sector)
+        .saturating_mul(sector) as u32
+}
+
+impl IntentLog {
+    /// A log for a pool whose last committed root block says `header` (`None`: new pool).
+    pub fn new(header: Option<LogHeader>) -> Self {
+        let h = header.unwrap_or_default();
+        let guid = if h.guid != 0 { h.guid } else { rand_guid() };
+        let st = State {
+            guid,
+            pool_region: h.region,
+            seq: h.head_seq.max(1),
+            size: if h.guid != 0 { h.head_size } else { 0 },
+            pos: h.head_offset,
+            ..State::default()
+        };
+        Self {
+            state: Mutex::new(st),
+            writer: Mutex::new(()),
+            entries: AtomicU64::new(0),
+        }
+    }
+
+    pub fn stats(&self) -> LogStats {
+        let st = self.state.lock();
+        let mut s = st.stats.clone();
+        s.live_blocks = st.live.len();
+        s.device = match st.ring {
+            Some(r) if Some(r) == st.pool_region => format!("pool (vdev {})", r.vdev),
+            Some(r) => format!("log vdev {}", r.vdev),
+            None => "none".into(),
+        };
+        s
+    }
+
+    pub fn entries_written(&self) -> u64 {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// The normal-class region, if one was allocated.
+    pub fn pool_region(&self) -> Option<Region> {
+        self.state.lock().pool_region
+    }
+
+    /// Whether a commit asked for a pool region that is not there yet.
+    pub(crate) fn wants_region(&self) -> bool {
+        let st = self.state.lock();
+        st.want_region && st.pool_region.is_none()
+    }
+
+    pub(crate) fn set_pool_region(&self, region: Region) {
+        let mut st = self.state.lock();
+        st.pool_region = Some(region);
+        st.want_region = false;
+    }
+
+    /// Reads the chain from the header of the committed root block at import, and keeps the
+    /// entries of txgs after `synced` for `take_replay`. Returns an error when the head block
+    /// is on a device that cannot be read (the caller decides: refuse, or `-m`).
+    pub(crate) fn load(
+        &self,
+        header: &LogHeader,
+        synced: u64,
+        top: &dyn Fn(u32) -> Option<Arc<TopVdev>>,
+        region_of: &dyn Fn(u32) -> Option<Region>,
+    ) -> Result<(), String> {
+        let mut st = self.state.lock();
+        if header.guid == 0 || header.head_size == 0 {
+            return Ok(());
+        }
+        let (mut vdev, mut offset, mut seq, mut size) = (
+            header.head_vdev,
+            header.head_offset,
+            header.head_seq,
+            header.head_size,
+        );
+        let mut complete = Vec::new();
+        let mut pending = Vec::new();
+        let mut live = Vec::new();
+        loop {
+            let t = match top(vdev) {
+                Some(t) if t.readable() => t,
+                Some(_) if seq == header.head_seq => {
+                    return Err(format!("log vdev {vdev} cannot be read"));
+                }
+                None if seq == header.head_seq => {
+                    return Err(format!("log vdev {vdev} is missing"));
+                }
+                _ => break,
+            };
+            let Some(block) = read_block(&t, offset, size, st.guid, seq) else {
+                break;
+            };
+            live.push(Live {
+                vdev,
+                offset,
+                seq,
+                size,
+                asize: t.asize(u64::from(size)),
+                max_txg: u64::MAX,
+            });
+            pending.extend(block.entries.into_iter().filter(|e| e.txg > synced));
+            if block.commit_end {
+                complete.append(&mut pending);
+            }
+            (vdev, offset, seq, size) =
+                (block.next_vdev, block.next_offset, seq + 1, block.next_size);
+        }
+        // The ring continues where the chain ends (a torn or stale block there is rewritten).
+        st.ring = region_of(vdev);
+        st.pos = offset;
+        st.seq = seq;
+        st.size = size;
+        st.live = live.into();
+        st.stats.replayed_entries = complete.len() as u64;
+        st.replay = complete;
+        Ok(())
+    }
+
+    /// Forgets the chain (`import -m` without its log device, or a rewind): the next commit
+    /// of the pool starts a new one.
+    pub(crate) fn discard(&self) {
+        let mut st = self.state.lock();
+        st.live.clear();
+        st.replay.clear();
+        st.ring = None;
+        st.guid = rand_guid();
+        st.seq = 1;
+    }
+
+    /// The entries to replay (once): complete commits of txgs after the committed one.
+    pub fn take_replay(&self) -> Vec<LogEntry> {
+        std::mem::take(&mut self.state.lock().replay)
+    }
+
+    /// The replayed changes are in txg `txg`: the chain read at import is needed until then.
+    pub fn replayed(&self, txg: u64) {
+        for l in self.state.lock().live.iter_mut() {
+            if l.max_txg == u64::MAX {
+                l.max_txg = txg;
+            }
+        }
+    }
+
+    /// The header for the root block of `txg`, and with it the ring's move to `preferred`
+    /// (the log vdev to use, or the pool region) when no block is live after `txg`.
+    pub(crate) fn header_for(&self, txg: u64, preferred: Option<Region>) -> LogHeader {
+        let mut st = self.state.lock();
+        let after: Vec<Live> = st
+            .live
+            .iter()
+            .filter(|l| l.max_txg > txg)
+            .copied()
+            .collect();
+        if after.is_empty() && (st.broken || st.ring != preferred) {
+            // Nothing newer than this txg is in the ring: it may restart, elsewhere too.
+            if st.ring != preferred {
+                st.ring = preferred;
+                st.pos = preferred.map_or(0, |r| r.start);
+            }
+            st.broken = false;
+            st.size = 0;
+        }
+        if st.size == 0 {
+            st.size = 4096;
+        }
+        let (vdev, offset, seq, head_size) = match (after.first(), st.ring) {
+            (Some(l), _) => (l.vdev, l.offset, l.seq, l.size),
+            (None, Some(r)) => (r.vdev, st.pos, st.seq, st.size),
+            (None, None) => (0, 0, st.seq, 0),
+        };
+        LogHeader {
+            guid: st.guid,
+            head_vdev: vdev,
+            head_offset: offset,
+            head_seq: seq,
+            head_size,
+            region: st.pool_region,
+        }
+    }
+
+    /// Txg `txg` is durable: blocks with nothing newer are free for the ring again.
+    pub(crate) fn committed(&self, txg: u64) {
+        let mut st = self.state.lock();
+        while st.live.front().is_some_and(|l| l.max_txg <= txg) {
+            st.live.pop_front();
+        }
+    }
+
+    /// Counts a commit that waited for a txg instead.
+    pub fn count_fallback(&self) {
+        self.state.lock().stats.fallbacks += 1;
+    }
+
+    /// Writes `entries` as one commit and flushes; see the module documentation.
+    pub(crate) fn write(
+        &self,
+        entries: Vec<LogEntry>,
+        top: &dyn Fn(u32) -> Option<Arc<TopVdev>>,
+    ) -> Result<(), LogError> {
+        let _w = self.writer.lock();
+        let (ring, vdev) = {
+            let mut st = self.state.lock();
+            if st.broken {
+                return Err(LogError::Moving);
+            }
+            let Some(ring) = st.ring else {
+                if st.pool_region.is_none() {
+                    st.want_region = true;
+                    return Err(LogError::NoRegion);
+                }
+                return Err(LogError::Moving);
+            };
+            match top(ring.vdev) {
+                Some(t) if t.readable() && !st.failed.contains(&ring.vdev) => (ring, t),
+                _ => {
+                    st.broken = true;
+                    return Err(LogError::Moving);
+                }
+            }
+        };
+        let sector = vdev.sector();
+        let room = MAX_BLOCK as usize - BLOCK_HEADER;
+        if let Some(e) = entries.iter().find(|e| entry_bytes(e) > room) {
+            return Err(LogError::TooLarge(e.data.len()));
+        }
+        let total: usize = entries.iter().map(entry_bytes).sum();
+        // Cut the commit into blocks: each as large as the size its predecessor promised.
+        let batch = IoBatch::new();
+        let mut written = Vec::new();
+        let mut rest: VecDeque<LogEntry> = entries.into();
+        let n = rest.len();
+        let mut st = self.state.lock();
+        if st.size == 0 {
+            st.size = block_size(total, sector);
+        }
+        let max_txg = rest.iter().map(|e| e.txg).max().unwrap_or(0);
+        loop {
+            let size = st.size as usize;
+            let mut used = 0;
+            let mut here = Vec::new();
+            while let Some(e) = rest.front() {
+                if used + entry_bytes(e) > size - BLOCK_HEADER {
+                    break;
+                }
+                used += entry_bytes(e);
+                here.push(rest.pop_front().expect("front"));
+            }
+            let left: usize = rest.iter().map(entry_bytes).sum();
+            let next_size = if left > 0 {
+                block_size(left, sector)
+            } else {
+                block_size(total, sector)
+            };
+            let asize = vdev.asize(size as u64);
+            let pos = st.pos;
+            if pos + asize > ring.end || st.live.iter().any(|l| overlaps(l, ring.vdev, pos, asize))
+            {
+                st.broken = !written.is_empty();
+                return Err(LogError::Full);
+            }
+            let mut next = pos + asize;
+            if next + vdev.asize(u64::from(next_size)) > ring.end {
+                next = ring.start;
+            }
+            let block = Block {
+                guid: st.guid,
+                seq: st.seq,
+                commit_end: rest.is_empty(),
+                next_vdev: ring.vdev,
+                next_offset: next,
+                next_size,
+                entries: here,
+            };
+            let raw = block.encode(size);
+            if let Err(e) = vdev.write(pos, &raw, &batch) {
+                st.broken = true;
+                return Err(LogError::Io(e.to_string()));
+            }
+            let live = Live {
+                vdev: ring.vdev,
+                offset: pos,
+                seq: st.seq,
+                size: size as u32,
+                asize,
+                max_txg,
+            };
+            st.live.push_back(live);
+            written.push(live);
+            st.seq += 1;
+            st.pos = next;
+            st.size = next_size;
+            st.stats.blocks += 1;
+            st.stats.bytes += size as u64;
+            if rest.is_empty() {
+                break;
+            }
+        }
+        drop(st);
+        let errors = batch.wait();
+        let flush = IoBatch::new();
+        vdev.flush(&flush);
+        let flush_errors = flush.wait();
+        if !errors.is_empty() || !flush_errors.is_empty() {
+            let mut st = self.state.lock();
+            st.stats.write_errors += (errors.len() + flush_errors.len()) as u64;
+            if !vdev.readable() {
+                // The blocks may be gone: the caller waits for a txg that holds the changes;
+                // the ring moves once nothing is live.
+                st.broken = true;
+                if Some(ring) != st.pool_region {
+                    st.failed.push(ring.vdev);
+                }
+                return Err(LogError::Io(
+                    errors
+                        .first()
+                        .or(flush_errors.first())
+                        .map(|(l, e)| format!("{}: {e}", l.path()))
+                        .unwrap_or_default(),
+                ));
+            }
+        }
+        let mut st = self.state.lock();
+        st.stats.commits += 1;
+        self.entries.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The sequence number of the next block, read while no commit is writing: records
+    /// logged before this call are all in blocks with lower numbers.
+    pub fn floor(&self) -> u64 {
+        let _w = self.writer.lock();
+        self.state.lock().seq
+    }
+
+    /// Marks log vdev `vdev` as not to be used (it is being removed); the ring moves at the
+    /// next txg commit with nothing live.
+    pub(crate) fn avoid(&self, vdev: u32) {
+        let mut st = self.state.lock();
+        if !st.failed.contains(&vdev) {
+            st.failed.push(vdev);
+        }
+        if st.ring.is_some_and(|r| r.vdev == vdev) {
+            st.broken = true;
+        }
+    }
+
+    /// Whether log vdev `vdev` holds live blocks.
+    pub(crate) fn uses(&self, vdev: u32) -> bool {
+        let st = self.state.lock();
+        st.live.iter().any(|l| l.vdev == vdev) || st.ring.is_some_and(|r| r.vdev == vdev)
+    }
+
+    /// Log vdevs not to use (failed or being removed).
+    pub(crate) fn avoided(&self) -> Vec<u32> {
+        self.state.lock().failed.clone()
+    }
+}
+
+/// Reads the log block that must be sequence `seq` at `offset` of `t`. The end of a chain
+/// is always a block that does not verify (stale or never written), so this does not go
+/// through the healing read, which would count it as a checksum error: each side of a
+/// mirror is read until one verifies; RAID-Z's fast path is tried, and the healing read
+/// only when the block is ours but damaged (its header names this chain and sequence).
+fn read_block(t: &TopVdev, offset: u64, size: u32, guid: u64, seq: u64) -> Option<Block> {
+    let len = u64::from(size);
+    match t.layout {
+        tank_vdev::Layout::Disk | tank_vdev::Layout::Mirror => {
+            t.leaves.iter().filter(|l| l.is_usable()).find_map(|l| {
+                let b = l.read_async(offset, len as usize).recv().ok()?.ok()?;
+                Block::decode(&b, guid, seq)
+            })
+        }
+        _ => {
+            let fast = t.submit_read(offset, len, 0)?;
+            let ours = std::cell::Cell::new(false);
+            if let Some(b) = t.finish_read(fast, &|b| {
+                ours.set(
+                    b.len() >= 32
+                        && &b[0..8] == LOG_MAGIC
+                        && b[16..24] == guid.to_le_bytes()
+                        && b[24..32] == seq.to_le_bytes(),
+                );
+                Block::decode(b, guid, seq).is_some()
+            }) {
+                return Block::decode(&b, guid, seq);
+            }
+            if !ours.get() {
+                return None;
+            }
+            let (b, _) = t
+                .read(offset, len, 0, &|b| Block::decode(b, guid, seq).is_some())
+                .ok()?;
+            Block::decode(&b, guid, seq)
+        }
+    }
+}
+
+fn overlaps(l: &Live, vdev: u32, pos: u64, asize: u64) -> bool {
+    l.vdev == vdev && l.offset < pos + asize && pos < l.offset + l.asize
+}
+
+fn rand_guid() -> u64 {
+    loop {
+        let g: u64 = rand::random();
+        if g != 0 {
+            return g;
+        }
+    }
+}
