@@ -1817,7 +1817,7 @@ impl Dsl {
     fn destroy_head(&self, st: &mut State, ctx: &HookContext<'_>, id: u64) -> Res<()> {
         let r = st.rec(id)?.clone();
         assert_eq!(r.prev_snap, 0, "head destroyed before its snapshots");
-        let root = ctx.store.remove_objset_syncing(r.objset)?;
+        let root = ctx.store.remove_objset_syncing(r.objset, ctx.txg)?;
         ctx.store
             .free_born_after(settled(ctx, root), r.origin_txg, ctx.txg)?;
         for bp in self.deadlist_entries(r.deadlist)? {
@@ -1892,7 +1892,8 @@ impl Dsl {
         // The head's deadlist holds blocks the snapshot references: live again.
         let dl = st.rec(head.id)?.deadlist;
         self.deadlist_clear(st, dl)?;
-        ctx.store.reset_objset_syncing(head.objset, s.root_bp()?)?;
+        ctx.store
+            .reset_objset_syncing(head.objset, s.root_bp()?, ctx.txg)?;
         os.set_snapshot_txgs(s.txg, head.origin_txg);
         let r = st.rec_mut(head.id)?;
         r.referenced = s.referenced;

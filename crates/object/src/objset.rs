@@ -135,7 +135,20 @@ impl WritePolicy {
             | (u32::from(self.copies) << 16)
     }
 
-    pub(crate) fn from_tag(tag: u32) -> Self {
+    /// How a data block written under the policy of `tag` is stored.
+    pub(crate) fn data_props(tag: u32) -> WriteProps {
+        let p = Self::from_tag(tag);
+        WriteProps {
+            kind: BlockKind::Data,
+            level: 0,
+            checksum: p.checksum,
+            compression: p.compression,
+            copies: p.copies,
+            class: AllocClass::Data,
+        }
+    }
+
+    fn from_tag(tag: u32) -> Self {
         Self {
             compression: Compression::from_u8(tag as u8).unwrap_or(Compression::Lz4),
             checksum: ChecksumKind::from_u8((tag >> 8) as u8).unwrap_or(ChecksumKind::Blake3),
@@ -266,17 +279,7 @@ impl NodeStore for SyncStore<'_> {
                 copies: (self.node_policy.copies + 1).min(3),
                 class: AllocClass::Metadata,
             },
-            WriteKind::Data { tag } => {
-                let p = WritePolicy::from_tag(tag);
-                WriteProps {
-                    kind: BlockKind::Data,
-                    level: 0,
-                    checksum: p.checksum,
-                    compression: p.compression,
-                    copies: p.copies,
-                    class: AllocClass::Data,
-                }
-            }
+            WriteKind::Data { tag } => WritePolicy::data_props(tag),
         };
         let bp = self
             .blocks
@@ -449,6 +452,7 @@ impl ObjectSet {
                         self.dirty_bytes
                             .fetch_add(u64::from(bp.lsize), Ordering::AcqRel);
                     }
+                    self.open_created.lock().push(r.clone());
                 }
                 self.tree_insert(k, v)
             }
@@ -1178,13 +1182,15 @@ impl ObjectSet {
     /// Replaces the whole live tree with the committed tree at `root` (rollback, in syncing
     /// context after this object set's own sync). Changes of the open txg are discarded; the
     /// caller frees what only the discarded version referenced.
-    pub(crate) fn reset_to(&self, root: Option<BlockPtr>) {
+    /// Returns the blocks the intent log wrote for the discarded changes (to be freed).
+    pub(crate) fn reset_to(&self, root: Option<BlockPtr>) -> Vec<BlockPtr> {
         assert!(
             self.frozen.lock().is_none(),
             "object set {} reset before its sync",
             self.id
         );
         let _w = self.write_lock.lock();
+        let orphans = self.unsynced_log_blocks();
         *self.tree.lock() = CowTree::open(root);
         self.open_frees.lock().clear();
         self.open_created.lock().clear();
@@ -1197,6 +1203,19 @@ impl ObjectSet {
         *self.root.lock() = root;
         self.dirty.store(false, Ordering::Release);
         self.dirty_bytes.store(0, Ordering::Release);
+        orphans
+    }
+
+    /// Blocks the intent log wrote (or replayed) for changes of the open txg that no sync
+    /// has referenced: allocated, but only the open txg's tree knows them. When those
+    /// changes are discarded (rollback, destroy) the caller frees them.
+    pub(crate) fn unsynced_log_blocks(&self) -> Vec<BlockPtr> {
+        self.open_created
+            .lock()
+            .iter()
+            .filter(|r| r.take_prewritten())
+            .filter_map(|r| r.bp())
+            .collect()
     }
 
     /// Called once the writes of the last sync completed: data blocks can now be read from

@@ -292,7 +292,13 @@ impl ObjectStore {
 
     /// Removes an object set from the table in syncing context; the caller frees its
     /// blocks (`free_born_after`). Its root as of this txg's sync is returned.
-    pub fn remove_objset_syncing(&self, id: u64) -> Result<Option<BlockPtr>, ObjectError> {
+    /// Blocks the intent log wrote for changes of the open txg that are discarded (`txg`
+    /// is the one syncing) are freed here.
+    pub fn remove_objset_syncing(
+        &self,
+        id: u64,
+        txg: u64,
+    ) -> Result<Option<BlockPtr>, ObjectError> {
         assert!(id != META_OBJSET, "the meta object set cannot be removed");
         let os = self
             .objsets
@@ -300,14 +306,30 @@ impl ObjectStore {
             .remove(&id)
             .ok_or(ObjectError::NoSuchObjset(id))?;
         self.dirty_table.store(true, Ordering::Release);
+        self.free_orphans(os.unsynced_log_blocks(), txg)?;
         Ok(os.root())
     }
 
-    /// Rolls an object set back to the committed tree at `root` in syncing context.
-    pub fn reset_objset_syncing(&self, id: u64, root: Option<BlockPtr>) -> Result<(), ObjectError> {
-        self.objset(id)?.reset_to(root);
+    /// Rolls an object set back to the committed tree at `root` in syncing context (of
+    /// `txg`); blocks the intent log wrote for the discarded changes are freed.
+    pub fn reset_objset_syncing(
+        &self,
+        id: u64,
+        root: Option<BlockPtr>,
+        txg: u64,
+    ) -> Result<(), ObjectError> {
+        let orphans = self.objset(id)?.reset_to(root);
+        self.free_orphans(orphans, txg)?;
         self.dirty_table.store(true, Ordering::Release);
         self.set_floor(id);
+        Ok(())
+    }
+
+    fn free_orphans(&self, blocks: Vec<BlockPtr>, txg: u64) -> Result<(), ObjectError> {
+        for bp in blocks {
+            self.pool.blocks.free(&bp, txg)?;
+            self.cache.forget(&bp);
+        }
         Ok(())
     }
 

@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use tank_block::{AllocClass, BlockKind, BlockPtr, WriteProps, BLKPTR_SIZE};
+use tank_block::{BlockPtr, BLKPTR_SIZE};
 use tank_pool::LogEntry;
 use tank_vdev::IoBatch;
 
@@ -227,11 +227,15 @@ impl ObjectStore {
     /// `sync=always`); see the module documentation.
     pub fn log_commit(&self, os: &ObjectSet) -> Result<(), ObjectError> {
         let pool = self.pool();
-        let end = pool.quiet(|| os.log_end());
+        let mine = pool.quiet(|| os.log_end());
         let _c = self.log_lock.lock();
-        if os.log_durable() >= end {
+        if os.log_durable() >= mine {
+            // A commit that ran while this one waited carried these changes.
             return Ok(());
         }
+        // Group commit: everything complete by now goes along, so the callers that queue
+        // behind this commit find their changes durable when it ends.
+        let end = pool.quiet(|| os.log_end());
         let mut synced = pool.synced_txg();
         let (_, mut recs) = os.log_pending(end, synced);
         // Blocks of large writes: written now (indirect), unless a sync wrote them, in which
@@ -326,15 +330,7 @@ impl ObjectStore {
         txg: u64,
         batch: &Arc<IoBatch>,
     ) -> Result<BlockPtr, TreeError> {
-        let p = WritePolicy::from_tag(tag);
-        let props = WriteProps {
-            kind: BlockKind::Data,
-            level: 0,
-            checksum: p.checksum,
-            compression: p.compression,
-            copies: p.copies,
-            class: AllocClass::Data,
-        };
+        let props = WritePolicy::data_props(tag);
         self.blocks()
             .write(data, &props, txg, 1, batch)
             .map_err(|e| TreeError::Store(e.to_string()))

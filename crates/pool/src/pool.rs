@@ -2014,26 +2014,8 @@ impl Pool {
 
     /// Waits until every transaction that finished before this call is durable.
     pub fn wait_synced(&self) -> Result<(), PoolError> {
-        let mut inner = self.txg.inner.lock();
-        let target = inner.open;
-        let seq = inner.tx_seq;
-        inner.want = inner.want.max(target);
-        inner.want_seq = inner.want_seq.max(seq);
-        self.txg.cv.notify_all();
-        loop {
-            if let Some(f) = &inner.failed {
-                return Err(self.suspended_error(f.clone()));
-            }
-            // Durable once its txg committed, or once the sync thread found nothing dirty
-            // after every transaction started before this call had finished.
-            if inner.synced >= target || inner.idle_seq >= seq {
-                return Ok(());
-            }
-            if inner.shutdown && self.sync_thread.lock().is_none() {
-                return Err(self.suspended_error("pool is closed".into()));
-            }
-            self.txg.cv.wait_for(&mut inner, Duration::from_millis(200));
-        }
+        let target = self.txg.inner.lock().open;
+        self.wait_txg(target)
     }
 
     fn start_sync_thread(self: &Arc<Self>) {
@@ -2292,7 +2274,8 @@ impl Pool {
         self.zil.write(entries, &|id| self.blocks.vdev(id).ok())
     }
 
-    /// Waits until txg `txg` is committed (or found to have nothing to commit).
+    /// Waits until txg `txg` is committed, or until the sync thread found nothing dirty
+    /// after every transaction started before this call had finished (all durable).
     pub fn wait_txg(&self, txg: u64) -> Result<(), PoolError> {
         let mut inner = self.txg.inner.lock();
         let seq = inner.tx_seq;

@@ -81,15 +81,21 @@ struct Params {
 
 /// Writes the working set as one object and syncs; returns its id.
 fn fill(store: &ObjectStore, p: &Params) -> Result<u64> {
+    fill_object(store, p.recordsize, p.ws)
+}
+
+/// Writes one object of `bytes` incompressible bytes in `recordsize` records into the root
+/// object set and syncs; returns its id.
+pub(crate) fn fill_object(store: &ObjectStore, recordsize: u32, bytes: u64) -> Result<u64> {
     let os = store.objset(ROOT_OBJSET)?;
     let id = {
         let tx = store.begin(0)?;
-        os.create_object(&tx, 1, p.recordsize)?
+        os.create_object(&tx, 1, recordsize)?
     };
     let chunk = tank_bench::fsbench::pattern(8 << 20, 0x9e37_79b9_7f4a_7c15);
     let mut off = 0;
-    while off < p.ws {
-        let n = (chunk.len() as u64).min(p.ws - off) as usize;
+    while off < bytes {
+        let n = (chunk.len() as u64).min(bytes - off) as usize;
         let tx = store.begin(n as u64)?;
         os.write(&tx, id, off, &chunk[..n])?;
         drop(tx);

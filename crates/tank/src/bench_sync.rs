@@ -138,21 +138,13 @@ fn phase(build: &EmulatedBuild, p: &Params, run: usize, tag: &str) -> Result<Pha
     let result = (|| -> Result<Phase> {
         let store = ObjectStore::open(pool.clone())?;
         let os = store.objset(ROOT_OBJSET)?;
-        let id = {
-            let tx = store.begin(0)?;
-            os.create_object(&tx, 1, p.recordsize)?
-        };
-        let chunk = tank_bench::fsbench::pattern(4 << 20, 0x51);
-        let mut off = 0;
-        while off < p.file {
-            let n = (chunk.len() as u64).min(p.file - off) as usize;
-            let tx = store.begin(n as u64)?;
-            os.write(&tx, id, off, &chunk[..n])?;
-            drop(tx);
-            off += n as u64;
+        let id = crate::bench_cache::fill_object(&store, p.recordsize, p.file)?;
+        // The first commit makes the log's place (a txg when it is a region of the pool);
+        // then the blocks are warm.
+        {
+            let tx = store.begin(1)?;
+            os.write(&tx, id, 0, &[0x51])?;
         }
-        store.sync()?;
-        // The first commit makes the log's place (a txg); then the blocks are warm.
         store.log_commit(&os)?;
         for blk in 0..p.file.div_ceil(u64::from(p.recordsize)) {
             os.read(id, blk * u64::from(p.recordsize), 1)?;
