@@ -376,3 +376,57 @@ fn missing_log_device_at_import_needs_dash_m() {
     drop(store);
     pool.shutdown().unwrap();
 }
+
+#[test]
+fn log_device_removed_while_it_holds_records() {
+    let fleet = SimFleet::new(seed(0x2170_0006));
+    let (_devs, pool, store) = log_pool(&fleet, true);
+    let fs = mount(&store, &hooks()).unwrap();
+    let root = Cred::root();
+    let f = fs
+        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
+        .unwrap()
+        .ino;
+    let mut content = Vec::new();
+    let step = |i: usize, content: &mut Vec<u8>| {
+        let (off, data) = step_write(i);
+        fs.write(&root, f, off, &data, false).unwrap();
+        let end = off as usize + data.len();
+        if content.len() < end {
+            content.resize(end, 0);
+        }
+        content[off as usize..end].copy_from_slice(&data);
+        fs.fsync(f, false).unwrap();
+    };
+    for i in 0..4 {
+        step(i, &mut content);
+    }
+    assert!(pool.zil.stats().device.starts_with("log"));
+    assert!(
+        pool.zil.stats().live_blocks > 0,
+        "records on the log device"
+    );
+    // zpool remove of the log device: the ring moves off it first (txg commits).
+    pool.remove("s0").unwrap();
+    assert!(!pool.zil.stats().device.starts_with("log"));
+    for i in 4..8 {
+        step(i, &mut content);
+    }
+    assert!(pool.zil.stats().device.starts_with("pool"));
+    drop(fs);
+    drop(store);
+    drop(pool);
+    let images: Vec<(String, Vec<u8>)> = fleet
+        .crash_images(CrashMode::DropUnflushed)
+        .into_iter()
+        .filter(|(n, _)| n != "s0")
+        .collect();
+    let (got, pool, _store, _fs) = recover(images, "removed");
+    assert!(
+        got.as_deref() == Some(&content[..]),
+        "acknowledged writes survive"
+    );
+    drop(_fs);
+    drop(_store);
+    pool.shutdown().unwrap();
+}

@@ -1078,3 +1078,42 @@ fn rename_over_a_hard_linked_file() {
     assert!(m.p("b").exists() && m.p("b3").exists());
     assert_eq!(fs::metadata(m.p("b3")).unwrap().nlink(), 2);
 }
+
+#[test]
+fn o_dsync_and_o_sync_writes_commit_the_intent_log() {
+    require_fuse!();
+    let m = mounted();
+    let zil = || m.pool.pool.zil.stats();
+    for (name, flag) in [("dsync", libc::O_DSYNC), ("sync", libc::O_SYNC)] {
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .custom_flags(flag)
+            .open(m.p(name))
+            .unwrap();
+        let before = zil();
+        f.write_all(b"durable when write returns").unwrap();
+        let after = zil();
+        // The kernel follows such a write with FSYNC (and the server commits when the flag
+        // comes with the write). Every commit is on the log or, when the log cannot take
+        // it, a txg sync.
+        assert!(
+            after.commits + after.fallbacks > before.commits + before.fallbacks,
+            "{name}: a write with O_{} committed nothing ({before:?} -> {after:?})",
+            name.to_uppercase()
+        );
+    }
+    // Without the flag, a write is not committed until fsync.
+    let mut f = File::create(m.p("plain")).unwrap();
+    let before = zil();
+    f.write_all(b"buffered").unwrap();
+    let after = zil();
+    assert_eq!(
+        after.commits + after.fallbacks,
+        before.commits + before.fallbacks,
+        "a plain write committed the log"
+    );
+    f.sync_all().unwrap();
+    let synced = zil();
+    assert!(synced.commits + synced.fallbacks > after.commits + after.fallbacks);
+}
