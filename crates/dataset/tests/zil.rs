@@ -112,6 +112,28 @@ fn workload(fs: &Fs) -> (Vec<Vec<u8>>, usize) {
     (model, acked)
 }
 
+/// Writes step `i` into file `f`, updates `content` to match, and fsyncs.
+fn write_step(fs: &Fs, f: u64, i: usize, content: &mut Vec<u8>) {
+    let (off, data) = step_write(i);
+    fs.write(&Cred::root(), f, off, &data, false).unwrap();
+    let end = off as usize + data.len();
+    if content.len() < end {
+        content.resize(end, 0);
+    }
+    content[off as usize..end].copy_from_slice(&data);
+    fs.fsync(f, false)
+        .unwrap_or_else(|e| panic!("fsync of step {i}: {e:?}"));
+}
+
+/// What the devices kept (only flushed writes), without the device `gone`.
+fn images_without(fleet: &SimFleet, gone: &str) -> Vec<(String, Vec<u8>)> {
+    fleet
+        .crash_images(CrashMode::DropUnflushed)
+        .into_iter()
+        .filter(|(n, _)| n != gone)
+        .collect()
+}
+
 struct Outcome {
     model: Vec<Vec<u8>>,
     acked: usize,
@@ -286,15 +308,7 @@ fn log_device_pulled_mid_workload_loses_nothing_acknowledged() {
         if i == 5 {
             devs[2].set_gone(true);
         }
-        let (off, data) = step_write(i);
-        fs.write(&root, f, off, &data, false).unwrap();
-        let end = off as usize + data.len();
-        if content.len() < end {
-            content.resize(end, 0);
-        }
-        content[off as usize..end].copy_from_slice(&data);
-        fs.fsync(f, false)
-            .unwrap_or_else(|e| panic!("fsync {i} with the log device gone: {e:?}"));
+        write_step(&fs, f, i, &mut content);
     }
     let stats = pool.zil.stats();
     assert!(stats.fallbacks >= 1, "{stats:?}");
@@ -306,11 +320,7 @@ fn log_device_pulled_mid_workload_loses_nothing_acknowledged() {
     drop(store);
     drop(pool);
     // Without the dead log device: the committed header points into the pool.
-    let images: Vec<(String, Vec<u8>)> = fleet
-        .crash_images(CrashMode::DropUnflushed)
-        .into_iter()
-        .filter(|(n, _)| n != "s0")
-        .collect();
+    let images = images_without(&fleet, "s0");
     let (got, pool, _store, _fs) = recover(images, "pulled");
     assert!(
         got.as_deref() == Some(&content[..]),
@@ -339,11 +349,7 @@ fn missing_log_device_at_import_needs_dash_m() {
     drop(fs);
     drop(store);
     drop(pool);
-    let images: Vec<(String, Vec<u8>)> = fleet
-        .crash_images(CrashMode::DropUnflushed)
-        .into_iter()
-        .filter(|(n, _)| n != "s0")
-        .collect();
+    let images = images_without(&fleet, "s0");
     let devs: Vec<DeviceRef> = images
         .iter()
         .map(|(n, b)| {
@@ -388,18 +394,8 @@ fn log_device_removed_while_it_holds_records() {
         .unwrap()
         .ino;
     let mut content = Vec::new();
-    let step = |i: usize, content: &mut Vec<u8>| {
-        let (off, data) = step_write(i);
-        fs.write(&root, f, off, &data, false).unwrap();
-        let end = off as usize + data.len();
-        if content.len() < end {
-            content.resize(end, 0);
-        }
-        content[off as usize..end].copy_from_slice(&data);
-        fs.fsync(f, false).unwrap();
-    };
     for i in 0..4 {
-        step(i, &mut content);
+        write_step(&fs, f, i, &mut content);
     }
     assert!(pool.zil.stats().device.starts_with("log"));
     assert!(
@@ -410,17 +406,13 @@ fn log_device_removed_while_it_holds_records() {
     pool.remove("s0").unwrap();
     assert!(!pool.zil.stats().device.starts_with("log"));
     for i in 4..8 {
-        step(i, &mut content);
+        write_step(&fs, f, i, &mut content);
     }
     assert!(pool.zil.stats().device.starts_with("pool"));
     drop(fs);
     drop(store);
     drop(pool);
-    let images: Vec<(String, Vec<u8>)> = fleet
-        .crash_images(CrashMode::DropUnflushed)
-        .into_iter()
-        .filter(|(n, _)| n != "s0")
-        .collect();
+    let images = images_without(&fleet, "s0");
     let (got, pool, _store, _fs) = recover(images, "removed");
     assert!(
         got.as_deref() == Some(&content[..]),

@@ -105,6 +105,21 @@ pub(crate) fn fill_object(store: &ObjectStore, recordsize: u32, bytes: u64) -> R
     Ok(id)
 }
 
+/// The emulated build `spec` and the same build without its `section` devices (which it
+/// must have): the two pools of a with/without comparison.
+pub(crate) fn with_and_without(
+    spec: &str,
+    section: &str,
+) -> Result<(EmulatedBuild, EmulatedBuild)> {
+    let with = EmulatedBuild::parse(spec)?;
+    if !with.extra.iter().any(|(s, _, _)| s == section) {
+        bail!("the emulated build has no {section} device: add '+ ssd {section}'");
+    }
+    let mut without = with.clone();
+    without.extra.retain(|(s, _, _)| s != section);
+    Ok((with, without))
+}
+
 /// Random reads by `threads` for `seconds`; reads per second.
 fn random_reads(store: &Arc<ObjectStore>, id: u64, p: &Params) -> Result<f64> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -314,12 +329,7 @@ pub fn run(a: CacheBenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let with = EmulatedBuild::parse(&a.emulate)?;
-    if !with.extra.iter().any(|(s, _, _)| s == "cache") {
-        bail!("the emulated build has no cache device: add '+ ssd cache'");
-    }
-    let mut without = with.clone();
-    without.extra.retain(|(s, _, _)| s != "cache");
+    let (with, without) = with_and_without(&a.emulate, "cache")?;
     let mut rows: Vec<(Phase, Phase)> = Vec::new();
     for r in 0..a.runs {
         eprintln!("run {}/{}: {} ...", r + 1, a.runs, a.emulate);

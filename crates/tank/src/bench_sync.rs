@@ -172,12 +172,7 @@ pub fn run(a: SyncBenchArgs) -> Result<()> {
     if !(p.seconds > 0.0 && p.seconds <= 3600.0) || a.runs == 0 {
         bail!("--seconds must be in (0, 3600] and --runs at least 1");
     }
-    let with = EmulatedBuild::parse(&a.emulate)?;
-    if !with.extra.iter().any(|(s, _, _)| s == "log") {
-        bail!("the emulated build has no log device: add '+ ssd log'");
-    }
-    let mut without = with.clone();
-    without.extra.retain(|(s, _, _)| s != "log");
+    let (with, without) = crate::bench_cache::with_and_without(&a.emulate, "log")?;
     let mut rows: Vec<(Phase, Phase)> = Vec::new();
     for r in 0..a.runs {
         eprintln!("run {}/{}: {} ...", r + 1, a.runs, a.emulate);
