@@ -422,3 +422,52 @@ fn log_device_removed_while_it_holds_records() {
     drop(_store);
     pool.shutdown().unwrap();
 }
+
+#[test]
+fn a_mirrored_log_keeps_working_on_one_side() {
+    let fleet = SimFleet::new(seed(0x2170_0007));
+    let devs: Vec<SimDevice> = ["d0", "d1", "s0", "s1"]
+        .iter()
+        .map(|n| fleet.device(n, DEV_SIZE))
+        .collect();
+    let map: HashMap<String, DeviceRef> = devs
+        .iter()
+        .map(|d| (d.name().to_string(), Arc::new(d.clone()) as DeviceRef))
+        .collect();
+    let opts = CreateOptions {
+        ashift: 12,
+        force: false,
+        tunables: manual_txgs(),
+    };
+    let (pool, _) =
+        Pool::create("zil", &spec("mirror d0 d1 log mirror s0 s1"), &map, &opts).unwrap();
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    let fs = mount(&store, &hooks()).unwrap();
+    let f = fs
+        .mknod(&Cred::root(), ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
+        .unwrap()
+        .ino;
+    let mut content = Vec::new();
+    for i in 0..8 {
+        if i == 3 {
+            devs[2].set_gone(true);
+        }
+        write_step(&fs, f, i, &mut content);
+    }
+    let stats = pool.zil.stats();
+    // One side is enough: the log stays on the log mirror, no commit waits for a txg
+    // (but the first, if the ring had no place yet).
+    assert!(stats.device.starts_with("log"), "{stats:?}");
+    assert!(stats.fallbacks <= 1, "{stats:?}");
+    drop(fs);
+    drop(store);
+    drop(pool);
+    let (got, pool, _store, _fs) = recover(images_without(&fleet, "s0"), "mirrored log");
+    assert!(
+        got.as_deref() == Some(&content[..]),
+        "acknowledged writes survive"
+    );
+    drop(_fs);
+    drop(_store);
+    pool.shutdown().unwrap();
+}
