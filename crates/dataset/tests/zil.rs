@@ -112,6 +112,16 @@ fn workload(fs: &Fs) -> (Vec<Vec<u8>>, usize) {
     (model, acked)
 }
 
+/// Mounts the filesystem and creates the empty file "f" in its root.
+fn mount_with_file(store: &Arc<ObjectStore>) -> (Arc<Fs>, u64) {
+    let fs = mount(store, &hooks()).unwrap();
+    let f = fs
+        .mknod(&Cred::root(), ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
+        .unwrap()
+        .ino;
+    (fs, f)
+}
+
 /// Writes step `i` into file `f`, updates `content` to match, and fsyncs.
 fn write_step(fs: &Fs, f: u64, i: usize, content: &mut Vec<u8>) {
     let (off, data) = step_write(i);
@@ -258,12 +268,7 @@ fn fsync_survives_a_crash_at_every_write_with_the_log_in_the_pool() {
 fn large_sync_writes_go_to_the_pool_with_a_pointer_in_the_log() {
     let fleet = SimFleet::new(seed(0x2170_0003));
     let (devs, pool, store) = log_pool(&fleet, true);
-    let fs = mount(&store, &hooks()).unwrap();
-    let root = Cred::root();
-    let f = fs
-        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
-        .unwrap()
-        .ino;
+    let (fs, f) = mount_with_file(&store);
     fs.fsync(f, false).unwrap();
     let slog_before = devs[2].stats().bytes_written;
     let log_before = pool.zil.stats().bytes;
@@ -297,12 +302,7 @@ fn large_sync_writes_go_to_the_pool_with_a_pointer_in_the_log() {
 fn log_device_pulled_mid_workload_loses_nothing_acknowledged() {
     let fleet = SimFleet::new(seed(0x2170_0004));
     let (devs, pool, store) = log_pool(&fleet, true);
-    let fs = mount(&store, &hooks()).unwrap();
-    let root = Cred::root();
-    let f = fs
-        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
-        .unwrap()
-        .ino;
+    let (fs, f) = mount_with_file(&store);
     let mut content = Vec::new();
     for i in 0..12 {
         if i == 5 {
@@ -335,12 +335,8 @@ fn log_device_pulled_mid_workload_loses_nothing_acknowledged() {
 fn missing_log_device_at_import_needs_dash_m() {
     let fleet = SimFleet::new(seed(0x2170_0005));
     let (_devs, pool, store) = log_pool(&fleet, true);
-    let fs = mount(&store, &hooks()).unwrap();
+    let (fs, f) = mount_with_file(&store);
     let root = Cred::root();
-    let f = fs
-        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
-        .unwrap()
-        .ino;
     fs.fsync(f, false).unwrap();
     store.sync().unwrap();
     fs.write(&root, f, 0, b"only in the log", false).unwrap();
@@ -387,12 +383,7 @@ fn missing_log_device_at_import_needs_dash_m() {
 fn log_device_removed_while_it_holds_records() {
     let fleet = SimFleet::new(seed(0x2170_0006));
     let (_devs, pool, store) = log_pool(&fleet, true);
-    let fs = mount(&store, &hooks()).unwrap();
-    let root = Cred::root();
-    let f = fs
-        .mknod(&root, ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
-        .unwrap()
-        .ino;
+    let (fs, f) = mount_with_file(&store);
     let mut content = Vec::new();
     for i in 0..4 {
         write_step(&fs, f, i, &mut content);
@@ -442,11 +433,7 @@ fn a_mirrored_log_keeps_working_on_one_side() {
     let (pool, _) =
         Pool::create("zil", &spec("mirror d0 d1 log mirror s0 s1"), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
-    let fs = mount(&store, &hooks()).unwrap();
-    let f = fs
-        .mknod(&Cred::root(), ROOT_INO, os("f"), libc::S_IFREG | 0o644, 0)
-        .unwrap()
-        .ino;
+    let (fs, f) = mount_with_file(&store);
     let mut content = Vec::new();
     for i in 0..8 {
         if i == 3 {

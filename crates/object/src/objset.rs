@@ -420,15 +420,13 @@ impl ObjectSet {
     }
 
     /// Changes with sequence numbers in `[durable, end)` of txgs after `synced`.
-    pub(crate) fn log_pending(&self, end: u64, synced: u64) -> (u64, Vec<crate::zil::Itx>) {
+    pub(crate) fn log_pending(&self, end: u64, synced: u64) -> Vec<crate::zil::Itx> {
         let l = self.log.lock();
-        let out = l
-            .records
+        l.records
             .iter()
             .filter(|r| r.seq >= l.durable && r.seq < end && r.txg > synced)
             .cloned()
-            .collect();
-        (l.durable, out)
+            .collect()
     }
 
     /// Changes before `end` are on stable storage.

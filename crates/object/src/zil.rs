@@ -237,32 +237,36 @@ impl ObjectStore {
         // behind this commit find their changes durable when it ends.
         let end = pool.quiet(|| os.log_end());
         let mut synced = pool.synced_txg();
-        let (_, mut recs) = os.log_pending(end, synced);
+        let recs = os.log_pending(end, synced);
         // Blocks of large writes: written now (indirect), unless a sync wrote them, in which
-        // case that txg is waited for (it is being committed).
+        // case that txg is waited for (it is being committed). Each record with the pointer
+        // its entry carries.
         let batch = IoBatch::new();
         let mut wait_for = 0;
-        let mut ptrs: Vec<Option<(BlockPtr, u32)>> = Vec::with_capacity(recs.len());
+        let mut items: Vec<(Itx, Option<(BlockPtr, u32)>)> = Vec::with_capacity(recs.len());
         let mut wrote = false;
-        for r in &recs {
-            let LogOp::Set {
-                value: Some(Value::Block(b)),
-                ..
-            } = &r.op
-            else {
-                ptrs.push(None);
-                continue;
+        for r in recs {
+            let ptr = match &r.op {
+                LogOp::Set {
+                    value: Some(Value::Block(b)),
+                    ..
+                } if b.bp().is_some() && !b.by_log() => {
+                    wait_for = wait_for.max(r.txg);
+                    None
+                }
+                LogOp::Set {
+                    value: Some(Value::Block(b)),
+                    ..
+                } => {
+                    let (bp, by_us) = b
+                        .write_now(|data, tag| self.write_indirect(data, tag, r.txg, &batch))
+                        .map_err(|e| ObjectError::Corrupt(e.to_string()))?;
+                    wrote |= by_us;
+                    Some((bp, b.tag()))
+                }
+                _ => None,
             };
-            if b.bp().is_some() && !b.by_log() {
-                wait_for = wait_for.max(r.txg);
-                ptrs.push(None);
-                continue;
-            }
-            let (bp, by_us) = b
-                .write_now(|data, tag| self.write_indirect(data, tag, r.txg, &batch))
-                .map_err(|e| ObjectError::Corrupt(e.to_string()))?;
-            wrote |= by_us;
-            ptrs.push(Some((bp, b.tag())));
+            items.push((r, ptr));
         }
         let mut fallback = false;
         if wrote {
@@ -280,22 +284,11 @@ impl ObjectStore {
         if wait_for > 0 && !fallback {
             pool.wait_txg(wait_for)?;
             synced = pool.synced_txg();
-            let keep: Vec<bool> = recs.iter().map(|r| r.txg > synced).collect();
-            let mut i = 0;
-            recs.retain(|_| {
-                i += 1;
-                keep[i - 1]
-            });
-            let mut i = 0;
-            ptrs.retain(|_| {
-                i += 1;
-                keep[i - 1]
-            });
+            items.retain(|(r, _)| r.txg > synced);
         }
         if !fallback {
-            let entries: Vec<LogEntry> = recs
+            let entries: Vec<LogEntry> = items
                 .iter()
-                .zip(&ptrs)
                 .map(|(r, p)| LogEntry {
                     objset: os.id,
                     txg: r.txg,

@@ -120,37 +120,49 @@ pub(crate) fn with_and_without(
     Ok((with, without))
 }
 
-/// Random reads by `threads` for `seconds`; reads per second.
-fn random_reads(store: &Arc<ObjectStore>, id: u64, p: &Params) -> Result<f64> {
+/// Runs `work(k, stop)` on `threads` threads for `seconds`, then raises `stop` and joins
+/// them; returns the wall time they had.
+pub(crate) fn run_threads(
+    threads: usize,
+    seconds: f64,
+    work: impl Fn(usize, &AtomicBool) -> Result<()> + Send + Sync + 'static,
+) -> Result<f64> {
     let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let slots = (p.ws / p.read).max(1);
+    let work = Arc::new(work);
     let t = Instant::now();
-    let handles: Vec<_> = (0..p.threads)
+    let handles: Vec<_> = (0..threads)
         .map(|k| {
-            let (store, stop, count) = (store.clone(), stop.clone(), count.clone());
-            let read = p.read;
-            std::thread::spawn(move || -> Result<()> {
-                let os = store.objset(ROOT_OBJSET)?;
-                let mut x = 0x2545_f491_4f6c_dd1du64 ^ ((k as u64 + 1) << 32);
-                while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    os.read(id, x % slots * read, read as usize)?;
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            })
+            let (stop, work) = (stop.clone(), work.clone());
+            std::thread::spawn(move || work(k, &stop))
         })
         .collect();
-    std::thread::sleep(Duration::from_secs_f64(p.seconds));
+    std::thread::sleep(Duration::from_secs_f64(seconds));
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.join()
-            .map_err(|_| anyhow::anyhow!("a reader panicked"))??;
+            .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??;
     }
-    Ok(count.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Random reads by `threads` for `seconds`; reads per second.
+fn random_reads(store: &Arc<ObjectStore>, id: u64, p: &Params) -> Result<f64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let slots = (p.ws / p.read).max(1);
+    let (store, counter, read) = (store.clone(), count.clone(), p.read);
+    let secs = run_threads(p.threads, p.seconds, move |k, stop| {
+        let os = store.objset(ROOT_OBJSET)?;
+        let mut x = 0x2545_f491_4f6c_dd1du64 ^ ((k as u64 + 1) << 32);
+        while !stop.load(Ordering::Relaxed) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            os.read(id, x % slots * read, read as usize)?;
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    })?;
+    Ok(count.load(Ordering::Relaxed) as f64 / secs)
 }
 
 /// One pool of the L2ARC comparison: build, fill, warm, measure.

@@ -12,9 +12,9 @@
 //! device the log lives in a region of the data vdevs, so every commit is a RAID-Z write
 //! and a flush of the platters.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -25,6 +25,7 @@ use tank_bench::fsbench::median;
 use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::Pool;
 
+use crate::bench_cache::run_threads;
 use crate::datadir::{data_dir, human, parse_size};
 use crate::emulate::{create_pool, TempDir};
 
@@ -78,44 +79,30 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Synchronous random writes by `threads` for `seconds`.
 fn sync_writes(store: &Arc<ObjectStore>, id: u64, p: &Params) -> Result<Phase> {
-    let stop = Arc::new(AtomicBool::new(false));
     let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
     let slots = (p.file / p.write).max(1);
     let fallbacks0 = store.pool().zil.stats().fallbacks;
-    let t = Instant::now();
-    let handles: Vec<_> = (0..p.threads)
-        .map(|k| {
-            let (store, stop, lat) = (store.clone(), stop.clone(), lat.clone());
-            let write = p.write;
-            std::thread::spawn(move || -> Result<()> {
-                let os = store.objset(ROOT_OBJSET)?;
-                let buf = tank_bench::fsbench::pattern(write as usize, k as u64 + 7);
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ ((k as u64 + 1) << 40);
-                let mut mine = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let t0 = Instant::now();
-                    {
-                        let tx = store.begin(write)?;
-                        os.write(&tx, id, x % slots * write, &buf)?;
-                    }
-                    store.log_commit(&os)?;
-                    mine.push(t0.elapsed().as_secs_f64() * 1000.0);
-                }
-                lat.lock().extend(mine);
-                Ok(())
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs_f64(p.seconds));
-    stop.store(true, Ordering::Relaxed);
-    for h in handles {
-        h.join()
-            .map_err(|_| anyhow::anyhow!("a writer panicked"))??;
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let (st, all, write) = (store.clone(), lat.clone(), p.write);
+    let secs = run_threads(p.threads, p.seconds, move |k, stop| {
+        let os = st.objset(ROOT_OBJSET)?;
+        let buf = tank_bench::fsbench::pattern(write as usize, k as u64 + 7);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ ((k as u64 + 1) << 40);
+        let mut mine = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let t0 = Instant::now();
+            {
+                let tx = st.begin(write)?;
+                os.write(&tx, id, x % slots * write, &buf)?;
+            }
+            st.log_commit(&os)?;
+            mine.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+        all.lock().extend(mine);
+        Ok(())
+    })?;
     let mut l = std::mem::take(&mut *lat.lock());
     l.sort_by(f64::total_cmp);
     Ok(Phase {
