@@ -2,10 +2,12 @@
 //! `1x hdd`, `12x hdd:bw=200M mirror + nvme log`.
 //!
 //! # Theory of operation
-//! Parts are separated by `+`. The first part is the data vdevs: `COUNTx PROFILE [LAYOUT]`
-//! with LAYOUT one of stripe (the default), mirror (pairs), raidz, raidz1, raidz2, raidz3 (one
-//! vdev of all the devices). The other parts are `[COUNTx] PROFILE log|cache|spare`. Profiles
-//! are those of `profile.rs`, with overrides.
+//! Parts are separated by `+`. The first part is the data vdevs:
+//! `COUNTx PROFILE [VDEVSxWIDTH] [LAYOUT]` with LAYOUT one of stripe (the default), mirror,
+//! raidz, raidz1, raidz2, raidz3. Without VDEVSxWIDTH a mirror layout is pairs and a RAID-Z
+//! layout one vdev of all the devices; `24x ssd 3x8 raidz2` is three raidz2 vdevs of eight,
+//! `24x ssd 8x3 mirror` eight 3-way mirrors. The other parts are
+//! `[COUNTx] PROFILE log|cache|spare`. Profiles are those of `profile.rs`, with overrides.
 
 use crate::profile::DeviceProfile;
 use crate::BenchError;
@@ -16,6 +18,8 @@ pub struct EmulatedBuild {
     pub profile: DeviceProfile,
     /// "stripe", "mirror", "raidz1", "raidz2", "raidz3".
     pub layout: String,
+    /// Devices per vdev (mirror and RAID-Z; `count` for a stripe).
+    pub width: usize,
     /// (section, count, profile) for log, cache and spare devices.
     pub extra: Vec<(String, usize, DeviceProfile)>,
 }
@@ -41,14 +45,27 @@ impl EmulatedBuild {
         }
         let (count, rest) = count_and_rest(first)?;
         let words: Vec<&str> = rest.split_whitespace().collect();
-        let (profile, layout) = match words.as_slice() {
-            [p] => (DeviceProfile::parse(p)?, "stripe".to_string()),
-            [p, l] => (DeviceProfile::parse(p)?, l.to_string()),
-            _ => {
+        let usage = || {
+            BenchError::Invalid(format!(
+                "'{first}' is not COUNTx PROFILE [VDEVSxWIDTH] [LAYOUT] (e.g. 7x hdd raidz2, 24x ssd 3x8 raidz2)"
+            ))
+        };
+        let group = |g: &str| -> Result<(usize, usize), BenchError> {
+            let (v, w) = g.split_once(['x', 'X']).ok_or_else(usage)?;
+            let v: usize = v.parse().map_err(|_| usage())?;
+            let w: usize = w.parse().map_err(|_| usage())?;
+            if v == 0 || v * w != count {
                 return Err(BenchError::Invalid(format!(
-                    "'{first}' is not COUNTx PROFILE [LAYOUT] (e.g. 7x hdd raidz2)"
-                )))
+                    "{v} vdevs of {w} devices is not the {count} devices given"
+                )));
             }
+            Ok((v, w))
+        };
+        let (profile, layout, group) = match words.as_slice() {
+            [p] => (DeviceProfile::parse(p)?, "stripe".to_string(), None),
+            [p, l] => (DeviceProfile::parse(p)?, l.to_string(), None),
+            [p, g, l] => (DeviceProfile::parse(p)?, l.to_string(), Some(group(g)?)),
+            _ => return Err(usage()),
         };
         let layout = match layout.as_str() {
             "raidz" => "raidz1".to_string(),
@@ -66,12 +83,28 @@ impl EmulatedBuild {
             "raidz3" => 4,
             _ => 1,
         };
-        if count < min || count > 64 {
+        if count == 0 || count > 64 {
             return Err(BenchError::Invalid(format!(
-                "{layout} of {count} devices: give {min} to 64"
+                "{count} devices: give 1 to 64"
             )));
         }
-        if layout == "mirror" && count % 2 != 0 {
+        let width =
+            match (layout.as_str(), group) {
+                ("stripe", Some(_)) => return Err(BenchError::Invalid(
+                    "a stripe has no vdev groups (give a layout: mirror, raidz1, raidz2, raidz3)"
+                        .into(),
+                )),
+                ("stripe", None) => count,
+                (_, Some((_, w))) => w,
+                ("mirror", None) => 2,
+                (_, None) => count,
+            };
+        if width < min {
+            return Err(BenchError::Invalid(format!(
+                "a {layout} vdev of {width} devices: give at least {min}"
+            )));
+        }
+        if layout == "mirror" && group.is_none() && count % 2 != 0 {
             return Err(BenchError::Invalid(
                 "a mirror layout needs an even number of devices (pairs)".into(),
             ));
@@ -98,19 +131,34 @@ impl EmulatedBuild {
             count,
             profile,
             layout,
+            width,
             extra,
         })
     }
 
     /// Share of the data devices' capacity that holds data (before RAID-Z padding).
     pub fn data_fraction(&self) -> f64 {
+        let w = self.width as f64;
         match self.layout.as_str() {
-            "mirror" => 0.5,
-            "raidz1" => (self.count - 1) as f64 / self.count as f64,
-            "raidz2" => (self.count - 2) as f64 / self.count as f64,
-            "raidz3" => (self.count - 3) as f64 / self.count as f64,
+            "mirror" => 1.0 / w,
+            "raidz1" => (w - 1.0) / w,
+            "raidz2" => (w - 2.0) / w,
+            "raidz3" => (w - 3.0) / w,
             _ => 1.0,
         }
+    }
+
+    /// The data vdevs in the zpool grammar over device names `names` (one per data device).
+    pub fn vdev_tokens(&self, names: &[String]) -> Vec<String> {
+        if self.layout == "stripe" {
+            return names.to_vec();
+        }
+        let mut tokens = Vec::new();
+        for group in names.chunks(self.width) {
+            tokens.push(self.layout.clone());
+            tokens.extend(group.iter().cloned());
+        }
+        tokens
     }
 }
 
@@ -124,6 +172,19 @@ mod tests {
         assert_eq!((b.count, b.layout.as_str()), (7, "raidz2"));
         assert_eq!(b.extra.len(), 2);
         assert_eq!(b.extra[0].0, "log");
+        assert_eq!(b.width, 7);
+        let g = EmulatedBuild::parse("24x ssd 3x8 raidz2").unwrap();
+        assert_eq!((g.width, g.layout.as_str()), (8, "raidz2"));
+        assert!((g.data_fraction() - 0.75).abs() < 1e-12);
+        let names: Vec<String> = (0..24).map(|i| format!("d{i}")).collect();
+        let t = g.vdev_tokens(&names);
+        assert_eq!(t.iter().filter(|t| *t == "raidz2").count(), 3);
+        assert_eq!(t.len(), 27);
+        let m3 = EmulatedBuild::parse("24x ssd 8x3 mirror").unwrap();
+        assert!((m3.data_fraction() - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(m3.vdev_tokens(&names)[4], "mirror");
+        let pairs = EmulatedBuild::parse("12x hdd mirror").unwrap();
+        assert_eq!(pairs.width, 2);
         let one = EmulatedBuild::parse("1x hdd").unwrap();
         assert_eq!((one.count, one.layout.as_str()), (1, "stripe"));
         let m = EmulatedBuild::parse("12x hdd:bw=200M mirror + 2x nvme log").unwrap();
@@ -151,6 +212,11 @@ mod tests {
             "7x hdd raidz2 + ssd l2arc",
             "0x hdd",
             "7x hdd:rpm=0",
+            "24x ssd 3x7 raidz2",
+            "24x ssd 12x2 stripe",
+            "6x ssd 3x2 raidz2",
+            "24x ssd axb raidz2",
+            "65x hdd",
         ] {
             assert!(EmulatedBuild::parse(bad).is_err(), "{bad} accepted");
         }

@@ -10,7 +10,17 @@
 //! - *Random seeks*: reads of 8 KiB at random offsets (one in ten also rewritten), for a
 //!   fixed count, as bonnie++ does.
 //! - *Small files*: create `files` empty files, stat them, delete them.
-//! - *Tree*: copy a tree of mixed file sizes in, copy it out, delete it.
+//! - *Tree*: copy a tree of mixed file sizes in, copy it out, delete it. The tree is made in
+//!   a staging directory (`staging`, a local disk, as the reference build's workstation was;
+//!   without one, inside the work directory), copied into the target and back out to it.
+//!
+//! After each stream phase the files' pages are dropped from the kernel's page cache
+//! (`posix_fadvise(DONTNEED)` after their fsync), so the next phase reads from the storage,
+//! not from memory the benchmark just filled.
+//!
+//! With a [`Link`] every byte to or from the target crosses it and every operation without
+//! bulk data (create, stat, unlink, a random read's request) costs a round trip, so a
+//! storage server is measured as its clients behind that link would see it.
 //!
 //! A phase's figure is the aggregate over its workers: all bytes (or operations) divided by
 //! the time from the common start to the last worker's end, the way parallel bonnie++ runs
@@ -18,8 +28,9 @@
 //! different times). Each figure is reported as the median of `runs`, with min and max.
 //!
 //! # Safety
-//! Everything happens inside a new directory `.tank-bench-<pid>-<n>` under the target, which
-//! is removed at the end (also on errors); nothing outside it is touched or deleted.
+//! Everything happens inside a new directory `.tank-bench-<pid>-<n>` under the target (and
+//! one of the same name under the staging directory), removed at the end (also on errors);
+//! nothing outside them is touched or deleted.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -30,6 +41,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::link::{Direction, Link};
 use crate::BenchError;
 
 #[derive(Debug, Clone)]
@@ -42,6 +54,48 @@ pub struct FsBenchConfig {
     pub files: usize,
     pub seeks: usize,
     pub tree_files: usize,
+    /// A network link between the benchmark and the target.
+    pub link: Option<Arc<Link>>,
+    /// Where the tree test's source is made and copied back to (default: the work directory).
+    pub staging: Option<PathBuf>,
+}
+
+/// The link's pacing, or nothing without one.
+struct Pace<'a>(Option<&'a Link>);
+
+impl Pace<'_> {
+    fn up(&self, bytes: u64) {
+        if let Some(l) = self.0 {
+            l.transfer(Direction::Up, bytes);
+        }
+    }
+    fn down(&self, bytes: u64) {
+        if let Some(l) = self.0 {
+            l.transfer(Direction::Down, bytes);
+        }
+    }
+    fn round_trip(&self) {
+        if let Some(l) = self.0 {
+            l.round_trip();
+        }
+    }
+    fn drain(&self) {
+        if let Some(l) = self.0 {
+            l.drain(Direction::Up);
+            l.drain(Direction::Down);
+        }
+    }
+}
+
+/// Drops a file's clean pages from the kernel's page cache.
+#[allow(unsafe_code)]
+fn drop_cached(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the duration of the call; posix_fadvise only
+    // advises the kernel and touches no memory of ours.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
 }
 
 /// Figures of one run, named as bonnie++ names them (rates per second).
@@ -264,16 +318,27 @@ pub fn run(
     }
     let mut out = Vec::new();
     for run in 0..cfg.runs {
-        let path = target.join(format!(".tank-bench-{}-{run}", std::process::id()));
+        let name = format!(".tank-bench-{}-{run}", std::process::id());
+        let path = target.join(&name);
         fs::create_dir(&path).map_err(|e| io("cannot create a directory in", target, e))?;
         let wd = Workdir { path };
+        let stage = match &cfg.staging {
+            Some(s) => {
+                let path = s.join(&name);
+                fs::create_dir(&path).map_err(|e| io("cannot create a directory in", s, e))?;
+                Some(Workdir { path })
+            }
+            None => None,
+        };
         let mut report = |phase: &str, i: usize| {
             progress(
                 &format!("run {}/{}: {phase}", run + 1, cfg.runs),
                 (run as f64 + i as f64 / 7.0) / cfg.runs as f64,
             )
         };
-        out.push(one_run(&wd.path, cfg, &mut report)?);
+        let stage_dir = stage.as_ref().map_or(&wd.path, |s| &s.path);
+        out.push(one_run(&wd.path, stage_dir, cfg, &mut report)?);
+        drop(stage);
         drop(wd);
     }
     progress("done", 1.0);
@@ -282,9 +347,11 @@ pub fn run(
 
 fn one_run(
     dir: &Path,
+    stage: &Path,
     cfg: &FsBenchConfig,
     report: &mut dyn FnMut(&str, usize),
 ) -> Result<FsFigures, BenchError> {
+    let link = Pace(cfg.link.as_deref());
     let per_job = (cfg.size / cfg.jobs as u64).max(cfg.recordsize as u64);
     let blocks = per_job.div_ceil(cfg.recordsize as u64);
     let file = |w: usize| dir.join(format!("bench.{w}"));
@@ -294,14 +361,20 @@ fn one_run(
     report("sequential output", 0);
     let spans = parallel(cfg.jobs, |w| {
         let p = file(w);
+        link.round_trip();
         let mut f = File::create(&p).map_err(|e| io("cannot create", &p, e))?;
         for _ in 0..blocks {
+            link.up(data.len() as u64);
             f.write_all(&data).map_err(|e| io("write to", &p, e))?;
             if cfg.sync {
                 f.sync_data().map_err(|e| io("fdatasync", &p, e))?;
+                link.round_trip();
             }
         }
+        link.drain();
         f.sync_all().map_err(|e| io("fsync", &p, e))?;
+        link.round_trip();
+        drop_cached(&f);
         Ok((blocks * cfg.recordsize as u64) as f64)
     })?;
     let seq_out = mb(aggregate(&spans));
@@ -319,10 +392,15 @@ fn one_run(
             let off = b * cfg.recordsize as u64;
             f.read_exact_at(&mut buf, off)
                 .map_err(|e| io("read", &p, e))?;
+            link.down(buf.len() as u64);
             buf[0] ^= 1;
+            link.up(buf.len() as u64);
             f.write_all_at(&buf, off).map_err(|e| io("write", &p, e))?;
         }
+        link.drain();
         f.sync_all().map_err(|e| io("fsync", &p, e))?;
+        link.round_trip();
+        drop_cached(&f);
         let _ = f.seek(SeekFrom::Start(0));
         Ok((blocks * cfg.recordsize as u64) as f64)
     })?;
@@ -339,8 +417,11 @@ fn one_run(
             if n == 0 {
                 break;
             }
+            link.down(n as u64);
             total += n as u64;
         }
+        link.drain();
+        drop_cached(&f);
         Ok(total as f64)
     })?;
     let seq_in = mb(aggregate(&spans));
@@ -357,16 +438,21 @@ fn one_run(
         let mut buf = [0u8; 8192];
         let mut x = 0x2545_f491_4f6c_dd1du64 ^ (w as u64 + 1);
         let per = cfg.seeks / cfg.jobs;
+        link.drain();
         for i in 0..per {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             let off = (x % (len.saturating_sub(8192) / 8192).max(1)) * 8192;
+            link.round_trip();
             f.read_exact_at(&mut buf, off)
                 .map_err(|e| io("read", &p, e))?;
+            link.down(buf.len() as u64);
             if i % 10 == 0 {
                 buf[0] ^= 1;
+                link.up(buf.len() as u64);
                 f.write_all_at(&buf, off).map_err(|e| io("write", &p, e))?;
+                link.round_trip();
             }
         }
         Ok(per as f64)
@@ -385,6 +471,7 @@ fn one_run(
     let create = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
             let p = small(w).join(format!("{i:07}"));
+            link.round_trip();
             File::create(&p).map_err(|e| io("cannot create", &p, e))?;
         }
         Ok(per as f64)
@@ -392,6 +479,7 @@ fn one_run(
     let stat = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
             let p = small(w).join(format!("{i:07}"));
+            link.round_trip();
             fs::metadata(&p).map_err(|e| io("stat", &p, e))?;
         }
         Ok(per as f64)
@@ -399,6 +487,7 @@ fn one_run(
     let delete = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
             let p = small(w).join(format!("{i:07}"));
+            link.round_trip();
             fs::remove_file(&p).map_err(|e| io("delete", &p, e))?;
         }
         Ok(per as f64)
@@ -408,23 +497,32 @@ fn one_run(
     }
 
     report("tree copy", 5);
-    // The source tree is generated inside the work directory too, so nothing outside it is
-    // written.
-    let src = dir.join("tree-src");
+    // The source tree is made in the staging directory (inside the work directory without
+    // one), so nothing outside the benchmark's own directories is written.
+    let src = stage.join("tree-src");
     let sizes = make_tree(&src, cfg.tree_files)?;
     let total: u64 = sizes.iter().sum();
     let t = Instant::now();
-    copy_tree(&src, &dir.join("tree-in"))?;
+    copy_tree(&src, &dir.join("tree-in"), &|n| link.up(n), &link)?;
+    link.drain();
     sync_dir(&dir.join("tree-in"))?;
     let copy_in = mb(total as f64 / t.elapsed().as_secs_f64());
     let t = Instant::now();
-    copy_tree(&dir.join("tree-in"), &dir.join("tree-out"))?;
-    sync_dir(&dir.join("tree-out"))?;
+    copy_tree(
+        &dir.join("tree-in"),
+        &stage.join("tree-out"),
+        &|n| link.down(n),
+        &link,
+    )?;
+    link.drain();
+    sync_dir(&stage.join("tree-out"))?;
     let copy_out = mb(total as f64 / t.elapsed().as_secs_f64());
     report("tree delete", 6);
     let t = Instant::now();
-    fs::remove_dir_all(dir.join("tree-in")).map_err(|e| io("delete", dir, e))?;
+    remove_tree(&dir.join("tree-in"), &link)?;
     let tree_delete = sizes.len() as f64 / t.elapsed().as_secs_f64();
+    let _ = fs::remove_dir_all(&src);
+    let _ = fs::remove_dir_all(stage.join("tree-out"));
     Ok(FsFigures {
         seq_output_block_mb_s: seq_out,
         rewrite_mb_s: rewrite,
@@ -465,8 +563,17 @@ fn make_tree(root: &Path, n: usize) -> Result<Vec<u64>, BenchError> {
     Ok(sizes)
 }
 
-fn copy_tree(from: &Path, to: &Path) -> Result<(), BenchError> {
+/// Copies a tree file by file in 1 MiB pieces, each piece carried by `carry` (the link's
+/// direction), each file and directory created with a round trip.
+fn copy_tree(
+    from: &Path,
+    to: &Path,
+    carry: &dyn Fn(u64),
+    link: &Pace<'_>,
+) -> Result<(), BenchError> {
+    link.round_trip();
     fs::create_dir_all(to).map_err(|e| io("cannot create", to, e))?;
+    let mut buf = vec![0u8; 1 << 20];
     for entry in fs::read_dir(from).map_err(|e| io("cannot read", from, e))? {
         let entry = entry.map_err(|e| io("cannot read", from, e))?;
         let target = to.join(entry.file_name());
@@ -475,12 +582,47 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), BenchError> {
             .map_err(|e| io("stat", &entry.path(), e))?
             .is_dir()
         {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            fs::copy(entry.path(), &target).map_err(|e| io("cannot copy", &entry.path(), e))?;
+            copy_tree(&entry.path(), &target, carry, link)?;
+            continue;
+        }
+        link.round_trip();
+        let mut input =
+            File::open(entry.path()).map_err(|e| io("cannot open", &entry.path(), e))?;
+        let mut output = File::create(&target).map_err(|e| io("cannot create", &target, e))?;
+        loop {
+            let n = input
+                .read(&mut buf)
+                .map_err(|e| io("read", &entry.path(), e))?;
+            if n == 0 {
+                break;
+            }
+            carry(n as u64);
+            output
+                .write_all(&buf[..n])
+                .map_err(|e| io("write", &target, e))?;
         }
     }
     Ok(())
+}
+
+/// Deletes a tree entry by entry, each with a round trip (a client deleting over the link).
+fn remove_tree(dir: &Path, link: &Pace<'_>) -> Result<(), BenchError> {
+    for entry in fs::read_dir(dir).map_err(|e| io("cannot read", dir, e))? {
+        let entry = entry.map_err(|e| io("cannot read", dir, e))?;
+        let path = entry.path();
+        if entry
+            .file_type()
+            .map_err(|e| io("stat", &path, e))?
+            .is_dir()
+        {
+            remove_tree(&path, link)?;
+        } else {
+            link.round_trip();
+            fs::remove_file(&path).map_err(|e| io("delete", &path, e))?;
+        }
+    }
+    link.round_trip();
+    fs::remove_dir(dir).map_err(|e| io("delete", dir, e))
 }
 
 /// Flushes a copied tree (files, then the directory), as a copy tool that syncs would.
@@ -542,6 +684,8 @@ mod tests {
             files: 200,
             seeks: 200,
             tree_files: 60,
+            link: None,
+            staging: None,
         };
         let mut phases = Vec::new();
         let runs = run(dir.path(), &cfg, &mut |p, f| {
@@ -569,6 +713,59 @@ mod tests {
     }
 
     #[test]
+    fn a_link_caps_what_crosses_it_and_the_staging_directory_is_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        let stage = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("user-file"), b"keep me").unwrap();
+        std::fs::write(stage.path().join("local-file"), b"keep me too").unwrap();
+        let rtt = std::time::Duration::from_micros(200);
+        let cfg = FsBenchConfig {
+            size: 24 << 20,
+            recordsize: 128 << 10,
+            jobs: 2,
+            runs: 1,
+            sync: false,
+            files: 100,
+            seeks: 100,
+            tree_files: 40,
+            link: Some(Arc::new(Link::new(crate::link::LinkProfile {
+                bandwidth: 40e6,
+                rtt,
+            }))),
+            staging: Some(stage.path().to_path_buf()),
+        };
+        let runs = run(dir.path(), &cfg, &mut |_, _| {}).unwrap();
+        let r = runs[0];
+        // Streams share the link's 40 MB/s (each direction); an operation costs a round trip.
+        for v in [
+            r.seq_output_block_mb_s,
+            r.seq_input_block_mb_s,
+            r.tree_copy_in_mb_s,
+        ] {
+            assert!(v > 0.0 && v <= 40.0 * 1.01, "{r:?}");
+        }
+        let per_rtt = 1.0 / rtt.as_secs_f64();
+        for v in [r.seq_create_per_s, r.seq_stat_per_s, r.seq_delete_per_s] {
+            // Two jobs each wait a round trip per operation.
+            assert!(v > 0.0 && v <= 2.0 * per_rtt * 1.01, "{r:?}");
+        }
+        let names = |p: &Path| -> Vec<_> {
+            std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect()
+        };
+        assert_eq!(
+            names(dir.path()),
+            vec![std::ffi::OsString::from("user-file")]
+        );
+        assert_eq!(
+            names(stage.path()),
+            vec![std::ffi::OsString::from("local-file")]
+        );
+    }
+
+    #[test]
     fn refuses_bad_targets() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = FsBenchConfig {
@@ -580,6 +777,8 @@ mod tests {
             files: 10,
             seeks: 10,
             tree_files: 10,
+            link: None,
+            staging: None,
         };
         let file = dir.path().join("f");
         std::fs::write(&file, b"x").unwrap();

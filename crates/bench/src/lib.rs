@@ -7,10 +7,12 @@
 //! `tank_device::EmulatedDevice`. `plan.rs` turns a set of disks into candidate layouts with
 //! capacity (the engine's own RAID-Z allocation rule), reliability and expected speed, and
 //! recommends one for a workload. `fsbench.rs` is the bonnie++-style benchmark of a
-//! directory.
+//! directory, paced by a network link of `link.rs` when one is given; `emulate.rs` is the
+//! grammar of emulated builds.
 
 pub mod emulate;
 pub mod fsbench;
+pub mod link;
 pub mod plan;
 pub mod profile;
 

@@ -114,6 +114,120 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// Parses `VDEVSxWIDTH LAYOUT` (`3x8 raidz2`, `12x2 mirror`) or `stripe of N`-style
+    /// `Nx1 stripe`, as `tank plan --layouts` takes them.
+    pub fn parse(s: &str) -> Result<Self, BenchError> {
+        let usage = || {
+            BenchError::Invalid(format!(
+                "'{s}' is not VDEVSxWIDTH LAYOUT (e.g. 3x8 raidz2, 12x2 mirror, 7x1 stripe)"
+            ))
+        };
+        let words: Vec<&str> = s.split_whitespace().collect();
+        let [group, kind] = words.as_slice() else {
+            return Err(usage());
+        };
+        let (v, w) = group.split_once(['x', 'X']).ok_or_else(usage)?;
+        let vdevs: usize = v.parse().map_err(|_| usage())?;
+        let width: usize = w.parse().map_err(|_| usage())?;
+        if vdevs == 0 || width == 0 {
+            return Err(usage());
+        }
+        let vdev = match *kind {
+            "stripe" => VdevType::Stripe,
+            "mirror" if width >= 2 => VdevType::Mirror { ways: width },
+            "raidz" | "raidz1" if width >= 2 => VdevType::Raidz { parity: 1 },
+            "raidz2" if width >= 3 => VdevType::Raidz { parity: 2 },
+            "raidz3" if width >= 4 => VdevType::Raidz { parity: 3 },
+            "mirror" | "raidz" | "raidz1" | "raidz2" | "raidz3" => {
+                return Err(BenchError::Invalid(format!(
+                    "'{s}': a {kind} vdev of {width} disks is too narrow"
+                )))
+            }
+            _ => return Err(usage()),
+        };
+        // A stripe is one vdev per disk.
+        let (vdevs, width) = match vdev {
+            VdevType::Stripe => (vdevs * width, 1),
+            _ => (vdevs, width),
+        };
+        Ok(Layout {
+            vdev,
+            width,
+            vdevs,
+            spares: 0,
+        })
+    }
+
+    /// The layout's vdev type in the zpool grammar.
+    pub fn kind(&self) -> String {
+        match self.vdev {
+            VdevType::Stripe => "stripe".into(),
+            VdevType::Mirror { .. } => "mirror".into(),
+            VdevType::Raidz { parity } => format!("raidz{parity}"),
+        }
+    }
+}
+
+/// How well measured figures serve a workload (higher is better): the geometric mean of the
+/// figures that matter to it, so no one figure can buy a layout its place.
+/// - seq: sequential write and read;
+/// - random: random seeks;
+/// - mixed: sequential write and read, random seeks, tree copy in and out, tree delete.
+pub fn measured_score(workload: Workload, f: &crate::fsbench::FsFigures) -> f64 {
+    let picked: Vec<f64> = match workload {
+        Workload::Seq => vec![f.seq_output_block_mb_s, f.seq_input_block_mb_s],
+        Workload::Random => vec![f.random_seeks_per_s],
+        Workload::Mixed => vec![
+            f.seq_output_block_mb_s,
+            f.seq_input_block_mb_s,
+            f.random_seeks_per_s,
+            f.tree_copy_in_mb_s,
+            f.tree_copy_out_mb_s,
+            f.tree_delete_files_per_s,
+        ],
+    };
+    if picked
+        .iter()
+        .any(|v| v.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+    {
+        return 0.0;
+    }
+    (picked.iter().map(|v| v.ln()).sum::<f64>() / picked.len() as f64).exp()
+}
+
+/// The layouts `tank plan --measure` runs when none are named: the `n` best by the model's
+/// score for the workload among those with under 1 % chance of loss in 5 years, spares
+/// dropped (they do not change speed), each layout once.
+pub fn measure_candidates(workload: Workload, all: &[Assessment], n: usize) -> Vec<Layout> {
+    let mut ranked: Vec<&Assessment> = all
+        .iter()
+        .filter(|a| a.loss_probability_5y < 0.01 && a.failures_tolerated >= 1)
+        .collect();
+    let key = |a: &Assessment| match workload {
+        Workload::Seq => a.seq_write_bytes_per_s.min(a.seq_read_bytes_per_s),
+        Workload::Random => a.random_read_iops,
+        Workload::Mixed => {
+            (a.seq_write_bytes_per_s.min(a.seq_read_bytes_per_s) * a.random_read_iops).sqrt()
+        }
+    };
+    ranked.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    let mut out: Vec<Layout> = Vec::new();
+    for a in ranked {
+        let l = Layout {
+            spares: 0,
+            ..a.layout
+        };
+        if !out.contains(&l) {
+            out.push(l);
+        }
+        if out.len() == n {
+            break;
+        }
+    }
+    out
+}
+
 #[derive(Debug, Clone)]
 pub struct PlanInput {
     pub disks: usize,
@@ -447,6 +561,92 @@ pub fn validate_input(input: &PlanInput) -> Result<(), BenchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layouts_parse_as_plan_names_them() {
+        let l = Layout::parse("3x8 raidz2").unwrap();
+        assert_eq!(l.describe(), "3 x raidz2 of 8");
+        assert_eq!(l.disks(), 24);
+        assert_eq!(
+            Layout::parse("12x2 mirror").unwrap().describe(),
+            "12 x 2-way mirror"
+        );
+        let s = Layout::parse("7x1 stripe").unwrap();
+        assert_eq!(
+            (s.describe(), s.kind()),
+            ("stripe of 7".to_string(), "stripe".to_string())
+        );
+        assert!(enumerate(7).contains(&s));
+        assert!(enumerate(24).contains(&Layout::parse("4x6 raidz2").unwrap()));
+        for bad in [
+            "3x8",
+            "raidz2",
+            "0x8 raidz2",
+            "3x2 raidz2",
+            "1x1 mirror",
+            "3x8 raid6",
+            "ax8 raidz2",
+        ] {
+            assert!(Layout::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn measured_results_rank_by_the_figures_the_workload_needs() {
+        use crate::fsbench::FsFigures;
+        let streams = FsFigures {
+            seq_output_block_mb_s: 800.0,
+            seq_input_block_mb_s: 900.0,
+            random_seeks_per_s: 100.0,
+            tree_copy_in_mb_s: 50.0,
+            tree_copy_out_mb_s: 60.0,
+            tree_delete_files_per_s: 1000.0,
+            ..Default::default()
+        };
+        let seeks = FsFigures {
+            seq_output_block_mb_s: 400.0,
+            seq_input_block_mb_s: 450.0,
+            random_seeks_per_s: 800.0,
+            tree_copy_in_mb_s: 50.0,
+            tree_copy_out_mb_s: 60.0,
+            tree_delete_files_per_s: 1000.0,
+            ..Default::default()
+        };
+        let score = |w, f: &FsFigures| measured_score(w, f);
+        assert!(score(Workload::Seq, &streams) > score(Workload::Seq, &seeks));
+        assert!(score(Workload::Random, &seeks) > score(Workload::Random, &streams));
+        // Mixed: half the streams for eight times the seeks wins.
+        assert!(score(Workload::Mixed, &seeks) > score(Workload::Mixed, &streams));
+        // The geometric mean of 800 and 900.
+        assert!((score(Workload::Seq, &streams) - (800.0f64 * 900.0).sqrt()).abs() < 1e-9);
+        // A phase that failed to measure (0) scores nothing.
+        let broken = FsFigures {
+            tree_copy_in_mb_s: 0.0,
+            ..seeks
+        };
+        assert_eq!(score(Workload::Mixed, &broken), 0.0);
+    }
+
+    #[test]
+    fn measure_candidates_are_safe_distinct_and_without_spares() {
+        let inp = input(24);
+        let all: Vec<Assessment> = enumerate(24)
+            .iter()
+            .map(|l| assess(&inp, l).unwrap())
+            .collect();
+        for w in [Workload::Seq, Workload::Random, Workload::Mixed] {
+            let c = measure_candidates(w, &all, 4);
+            assert_eq!(c.len(), 4);
+            for (i, l) in c.iter().enumerate() {
+                assert_eq!(l.spares, 0);
+                assert!(l.redundancy() >= 1, "{}", l.describe());
+                assert!(!c[..i].contains(l));
+            }
+        }
+        // Random work: mirrors first (every side serves reads).
+        let r = measure_candidates(Workload::Random, &all, 1);
+        assert!(matches!(r[0].vdev, VdevType::Mirror { .. }), "{:?}", r[0]);
+    }
 
     fn input(disks: usize) -> PlanInput {
         PlanInput {

@@ -359,16 +359,9 @@ impl TimingModel for SsdModel {
     }
 }
 
-/// A network link that caps what a front end can deliver (the reference build's gigabit).
+/// A network link's payload bandwidth (see `link.rs`).
 pub fn link_bandwidth(name: &str) -> Result<f64, BenchError> {
-    match name {
-        "1gbe" | "1g" => Ok(111.0 * MB),
-        "10gbe" | "10g" => Ok(1110.0 * MB),
-        "25gbe" | "25g" => Ok(2775.0 * MB),
-        other => Err(BenchError::Invalid(format!(
-            "unknown link '{other}' (1gbe, 10gbe, 25gbe)"
-        ))),
-    }
+    Ok(crate::link::LinkProfile::parse(name)?.bandwidth)
 }
 
 #[cfg(test)]

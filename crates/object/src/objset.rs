@@ -997,14 +997,16 @@ impl ObjectSet {
             let n = ((bs - in_block as u64).min(end - pos)) as usize;
             // Valid bytes of this block once the write is done.
             let valid = (new_size - block_start).min(bs) as usize;
-            let mut buf = if in_block == 0 && n >= valid {
-                Vec::with_capacity(valid)
-            } else {
-                self.read_block(obj, blkid)?.unwrap_or_default()
-            };
-            buf.resize(valid, 0);
             let src = (pos - offset) as usize;
-            buf[in_block..in_block + n].copy_from_slice(&data[src..src + n]);
+            let buf = if in_block == 0 && n >= valid {
+                // The whole block is new: copied once, never zero-filled first.
+                data[src..src + valid].to_vec()
+            } else {
+                let mut buf = self.read_block(obj, blkid)?.unwrap_or_default();
+                buf.resize(valid, 0);
+                buf[in_block..in_block + n].copy_from_slice(&data[src..src + n]);
+                buf
+            };
             let v = self.put_block(obj, blkid, buf)?;
             if large {
                 blocks.push((blkid, v));

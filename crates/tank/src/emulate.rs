@@ -1,28 +1,47 @@
-//! `tank bench --emulate "7x hdd raidz2 + ssd log + ssd cache"`: a pool of emulated devices
-//! (sparse files slowed to a device profile's timing), measured at the engine level.
+//! `tank bench --emulate "7x hdd raidz2 + ssd log + ssd cache"`: the benchmark run on a pool of
+//! emulated devices (sparse files slowed to a device profile's timing), as the real build
+//! would run it.
 //!
 //! # Theory of operation
 //! Each device is a sparse file in a temporary directory under the data directory, wrapped in
 //! an `EmulatedDevice` whose timing model stretches the file's offsets over the profile's full
 //! capacity (so seeks cost what they would on the real disk). The pool is built with the
-//! zpool grammar, and the engine-level phases run on one object: sequential write by records
-//! with a final sync, sequential read, and random 8 KiB reads. Log and cache devices are in
-//! the pool; `tank bench-cache` measures the L2ARC's effect.
-//! The temporary pool and files are removed at the end, also on errors.
+//! zpool grammar (`EmulatedBuild::vdev_tokens`), and every run gets a new pool:
+//! - the default (filesystem level): a filesystem dataset (compression off, the record size
+//!   asked) mounted with FUSE in this process, and `tank bench`'s phases on the mount, with
+//!   the tree test's source in a staging directory beside the devices and an optional
+//!   network link in front;
+//! - `--engine`: one object written by records with a final sync, read back, and random
+//!   8 KiB reads, through the object layer; beside it one emulated device of the profile
+//!   measured raw in the same run (the baseline that shows the emulation keeps to the
+//!   profile, and what the pool makes of it).
+//!
+//! The process's ARC is set to `--arc` (a build scaled down in capacity is scaled down in
+//! memory too), and the default size is four times that, so the cache cannot flatter reads.
+//! The temporary pool and files are removed at the end of each run, also on errors.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tank_bench::emulate::EmulatedBuild;
-use tank_bench::fsbench::median;
-use tank_device::{DeviceRef, EmulatedDevice, FileDevice, FileDeviceOptions};
+use tank_bench::fsbench::{self, median, FsBenchConfig, FsFigures};
+use tank_bench::DeviceProfile;
+use tank_dataset::{DatasetKind, Dsl, Op};
+use tank_device::{BlockDevice, DeviceRef, EmulatedDevice, FileDevice, FileDeviceOptions};
+use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, Pool, PoolSpec};
 
 use crate::datadir::{data_dir, human};
+use crate::mounts::{mount_dataset, unmount_pool};
+use crate::pools::open_datasets;
+
+/// The emulated pool's name and its benchmark filesystem.
+const POOL: &str = "emulated";
+const DATASET: &str = "emulated/bench";
 
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct EmulatedFigures {
@@ -39,51 +58,52 @@ impl Drop for TempDir {
     }
 }
 
-/// Size of each stand-in device file (sparse): room for the data, its redundancy and slack.
-fn device_size(build: &EmulatedBuild, size: u64) -> u64 {
-    let per = size as f64 / build.data_fraction() / build.count as f64 * 1.6;
+/// A new temporary directory under the data directory for run `run` of this process.
+fn temp_dir(what: &str, run: usize) -> Result<TempDir> {
+    let dir = data_dir().join(format!("{what}-{}-{run}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(TempDir(dir))
+}
+
+/// Size of each stand-in device file (sparse): room for `bytes` of data, its redundancy
+/// and slack.
+fn device_size(build: &EmulatedBuild, bytes: u64) -> u64 {
+    let data_devices = build.count as f64 * build.data_fraction();
+    // Twice the data (the rewrite phase writes new copies before the old are freed), and
+    // slack for metadata, the intent log region and the slop reserve.
+    let per = bytes as f64 / data_devices * 2.5;
     (per as u64 + (512 << 20)).max(1 << 30)
+}
+
+/// An emulated device of `profile` on a sparse file at `path` (scratch: its flushes cost the
+/// model's time, not the host disk's).
+fn emulated_device(path: &Path, profile: &DeviceProfile, bytes: u64) -> Result<EmulatedDevice> {
+    let file = FileDevice::open(
+        path,
+        &FileDeviceOptions {
+            create_size: Some(bytes),
+            ..Default::default()
+        },
+    )?;
+    Ok(EmulatedDevice::scratch(
+        Arc::new(file),
+        profile.model(bytes),
+    ))
 }
 
 /// Builds the emulated pool of `build` in `dir` (device files of `dev_size`, log and cache
 /// devices of 1 GiB).
-pub fn create_pool(
-    build: &EmulatedBuild,
-    dev_size: u64,
-    dir: &std::path::Path,
-) -> Result<Arc<Pool>> {
+pub fn create_pool(build: &EmulatedBuild, dev_size: u64, dir: &Path) -> Result<Arc<Pool>> {
     let mut devices: HashMap<String, DeviceRef> = HashMap::new();
-    let mut make =
-        |name: String, profile: &tank_bench::DeviceProfile, bytes: u64| -> Result<String> {
-            let path = dir.join(&name);
-            let file = FileDevice::open(
-                &path,
-                &FileDeviceOptions {
-                    create_size: Some(bytes),
-                    ..Default::default()
-                },
-            )?;
-            let dev = EmulatedDevice::new(Arc::new(file), profile.model(bytes));
-            devices.insert(name.clone(), Arc::new(dev));
-            Ok(name)
-        };
-    let mut tokens = Vec::new();
+    let mut make = |name: String, profile: &DeviceProfile, bytes: u64| -> Result<String> {
+        let dev = emulated_device(&dir.join(&name), profile, bytes)?;
+        devices.insert(name.clone(), Arc::new(dev));
+        Ok(name)
+    };
     let data: Vec<String> = (0..build.count)
         .map(|i| make(format!("data{i}"), &build.profile, dev_size))
         .collect::<Result<_>>()?;
-    match build.layout.as_str() {
-        "stripe" => tokens.extend(data),
-        "mirror" => {
-            for pair in data.chunks(2) {
-                tokens.push("mirror".into());
-                tokens.extend(pair.iter().cloned());
-            }
-        }
-        layout => {
-            tokens.push(layout.to_string());
-            tokens.extend(data);
-        }
-    }
+    let mut tokens = build.vdev_tokens(&data);
     for (k, (section, n, profile)) in build.extra.iter().enumerate() {
         tokens.push(section.clone());
         for i in 0..*n {
@@ -91,38 +111,175 @@ pub fn create_pool(
         }
     }
     let spec = PoolSpec::parse(&tokens, true)?;
-    let (pool, _) = Pool::create("emulated", &spec, &devices, &CreateOptions::default())?;
+    let (pool, _) = Pool::create(POOL, &spec, &devices, &CreateOptions::default())?;
     Ok(pool)
 }
 
-fn one_run(
+/// An emulated pool with its benchmark filesystem mounted; on drop the filesystem is
+/// unmounted, the pool destroyed and its files removed, whatever happened before.
+struct Mounted {
+    open: Option<(Arc<Pool>, Arc<ObjectStore>, Arc<Dsl>)>,
+    mnt: PathBuf,
+    staging: PathBuf,
+    _tmp: TempDir,
+}
+
+impl Mounted {
+    fn new(build: &EmulatedBuild, bytes: u64, recordsize: u32, run: usize) -> Result<Self> {
+        let tmp = temp_dir("emulate", run)?;
+        let pool = create_pool(build, device_size(build, bytes), &tmp.0)?;
+        let (store, dsl) = open_datasets(&pool)?;
+        let mut m = Mounted {
+            open: Some((pool, store.clone(), dsl.clone())),
+            mnt: tmp.0.join("mnt"),
+            staging: tmp.0.join("staging"),
+            _tmp: tmp,
+        };
+        dsl.run(Op::Create {
+            name: DATASET.into(),
+            kind: DatasetKind::Filesystem,
+            props: vec![
+                ("compression".into(), "off".into()),
+                ("recordsize".into(), recordsize.to_string()),
+            ],
+            parents: false,
+        })?;
+        std::fs::create_dir_all(&m.staging)
+            .with_context(|| format!("cannot create {}", m.staging.display()))?;
+        m.mnt = mount_dataset(&dsl, &store, DATASET, Some(&m.mnt)).context(
+            "the filesystem-level emulated benchmark mounts with FUSE (root and /dev/fuse); \
+             --engine measures the pool without it",
+        )?;
+        Ok(m)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = unmount_pool(POOL) {
+            eprintln!("warning: cannot unmount the emulated filesystem: {e:#}");
+        }
+        if let Some((pool, _, _)) = self.open.take() {
+            let _ = pool.destroy();
+        }
+    }
+}
+
+/// Sets the process's ARC to `arc` bytes for an emulated build.
+pub fn set_arc(arc: u64) -> Result<()> {
+    tank_object::arc::global()
+        .set_max(arc)
+        .map_err(|e| anyhow::anyhow!("--arc: {e}"))
+}
+
+/// The filesystem-level benchmark of `build`, one new pool per run; `progress` as
+/// `fsbench::run` reports it, over all runs.
+pub fn fs_runs(
+    build: &EmulatedBuild,
+    cfg: &FsBenchConfig,
+    progress: &mut dyn FnMut(&str, f64),
+) -> Result<Vec<FsFigures>> {
+    let mut out = Vec::new();
+    let bytes = cfg.size + cfg.tree_files as u64 * 40_000 + cfg.files as u64 * 4096;
+    let recordsize = u32::try_from(cfg.recordsize).context("record size")?;
+    for run in 0..cfg.runs {
+        let m = Mounted::new(build, bytes, recordsize, run)?;
+        let one = FsBenchConfig {
+            runs: 1,
+            staging: Some(m.staging.clone()),
+            ..cfg.clone()
+        };
+        let mut report = |phase: &str, done: f64| {
+            let phase = phase.replacen("run 1/1", &format!("run {}/{}", run + 1, cfg.runs), 1);
+            progress(&phase, (run as f64 + done) / cfg.runs as f64);
+        };
+        let mut figures = fsbench::run(&m.mnt, &one, &mut report)
+            .with_context(|| format!("benchmark of the emulated build, run {}", run + 1))?;
+        out.append(&mut figures);
+        drop(m);
+    }
+    Ok(out)
+}
+
+/// Incompressible bytes, 8 MiB, so the devices move every logical byte.
+fn stream_chunk() -> Vec<u8> {
+    fsbench::pattern(8 << 20, 0x9e37_79b9_7f4a_7c15)
+}
+
+/// Random 8 KiB-aligned offsets below `span`.
+fn random_offsets(span: u64, n: usize) -> Vec<u64> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % (span.saturating_sub(8192) / 8192).max(1) * 8192
+        })
+        .collect()
+}
+
+/// One emulated device of `profile` measured raw: `size` bytes written and read in 1 MiB
+/// requests from the start, then `seeks` random 8 KiB reads over them.
+fn raw_device(
+    profile: &DeviceProfile,
+    size: u64,
+    seeks: usize,
+    run: usize,
+) -> Result<EmulatedFigures> {
+    let tmp = temp_dir("emulate-raw", run)?;
+    let dev = emulated_device(&tmp.0.join("raw"), profile, size.max(1 << 30))?;
+    let chunk = stream_chunk();
+    let req = 1usize << 20;
+    let t = Instant::now();
+    let mut off = 0u64;
+    while off < size {
+        let i = (off as usize) % chunk.len();
+        dev.write_at(&chunk[i..i + req], off)?;
+        off += req as u64;
+    }
+    dev.flush()?;
+    let write = off as f64 / t.elapsed().as_secs_f64() / 1e6;
+    let mut buf = vec![0u8; req];
+    let t = Instant::now();
+    let mut off = 0u64;
+    while off < size {
+        dev.read_at(&mut buf, off)?;
+        off += req as u64;
+    }
+    let read = off as f64 / t.elapsed().as_secs_f64() / 1e6;
+    let mut small = vec![0u8; 8192];
+    let t = Instant::now();
+    // Over the whole device, as the profile's random reads are.
+    for at in random_offsets(dev.size(), seeks) {
+        dev.read_at(&mut small, at)?;
+    }
+    let iops = seeks as f64 / t.elapsed().as_secs_f64();
+    Ok(EmulatedFigures {
+        seq_output_block_mb_s: write,
+        seq_input_block_mb_s: read,
+        random_seeks_per_s: iops,
+    })
+}
+
+/// The engine-level phases on one new emulated pool.
+fn engine_run(
     build: &EmulatedBuild,
     size: u64,
     recordsize: u32,
     seeks: usize,
     run: usize,
 ) -> Result<EmulatedFigures> {
-    let dir = data_dir().join(format!("emulate-{}-{run}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = TempDir(dir.clone());
-    let pool = create_pool(build, device_size(build, size), &dir)?;
+    let tmp = temp_dir("emulate", run)?;
+    let pool = create_pool(build, device_size(build, size), &tmp.0)?;
     let result = (|| -> Result<EmulatedFigures> {
-        let store = tank_object::ObjectStore::open(pool.clone())?;
+        let store = ObjectStore::open(pool.clone())?;
         let os = store.objset(tank_object::ROOT_OBJSET)?;
         let id = {
             let tx = store.begin(0)?;
             os.create_object(&tx, 1, recordsize)?
         };
-        // Incompressible, so the devices move every logical byte.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let chunk: Vec<u8> = (0..(8usize << 20))
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect();
+        let chunk = stream_chunk();
         let t = Instant::now();
         let mut off = 0u64;
         while off < size {
@@ -134,6 +291,8 @@ fn one_run(
         }
         store.sync()?;
         let write = size as f64 / t.elapsed().as_secs_f64() / 1e6;
+        // What the ARC kept of the writes would flatter the reads: start them cold.
+        store.cache().arc().remove_spa(store.cache().spa());
         let t = Instant::now();
         let mut off = 0u64;
         while off < size {
@@ -144,13 +303,9 @@ fn one_run(
             off += got.len() as u64;
         }
         let read = size as f64 / t.elapsed().as_secs_f64() / 1e6;
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        store.cache().arc().remove_spa(store.cache().spa());
         let t = Instant::now();
-        for _ in 0..seeks {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let at = x % (size.saturating_sub(8192) / 8192).max(1) * 8192;
+        for at in random_offsets(size, seeks) {
             os.read(id, at, 8192)?;
         }
         let iops = seeks as f64 / t.elapsed().as_secs_f64();
@@ -162,48 +317,70 @@ fn one_run(
     })();
     let _ = pool.destroy();
     drop(pool);
-    drop(tmp);
     result
 }
 
-pub fn run(spec: &str, size: u64, recordsize: u32, runs: usize, json: bool) -> Result<()> {
-    let build = EmulatedBuild::parse(spec)?;
-    let seeks = 400;
-    let mut all = Vec::new();
-    for r in 0..runs {
-        eprintln!("run {}/{runs}: {spec}, {} ...", r + 1, human(size));
-        all.push(one_run(&build, size, recordsize, seeks, r)?);
-    }
+fn medians(all: &[EmulatedFigures]) -> EmulatedFigures {
     let med = |f: fn(&EmulatedFigures) -> f64| median(&mut all.iter().map(f).collect::<Vec<_>>());
-    let result = EmulatedFigures {
+    EmulatedFigures {
         seq_output_block_mb_s: med(|f| f.seq_output_block_mb_s),
         seq_input_block_mb_s: med(|f| f.seq_input_block_mb_s),
         random_seeks_per_s: med(|f| f.random_seeks_per_s),
-    };
+    }
+}
+
+/// `tank bench --emulate SPEC --engine`.
+pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: bool) -> Result<()> {
+    let build = EmulatedBuild::parse(spec)?;
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let seeks = 400;
+    let raw_size = size.min(512 << 20);
+    let (mut pool, mut raw) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        eprintln!("run {}/{runs}: {spec}, {} ...", r + 1, human(size));
+        raw.push(raw_device(&build.profile, raw_size, seeks, r)?);
+        pool.push(engine_run(&build, size, recordsize, seeks, r)?);
+    }
+    let (result, device) = (medians(&pool), medians(&raw));
     let p = &build.profile;
+    let profile = EmulatedFigures {
+        seq_output_block_mb_s: p.write_bw / 1e6,
+        seq_input_block_mb_s: p.read_bw / 1e6,
+        random_seeks_per_s: p.random_read_iops(8192),
+    };
     if json {
         let out = serde_json::json!({"emulate": spec, "size": size, "recordsize": recordsize, "runs": runs,
-            "median": result, "device_profile": p});
+            "median": result, "raw_device": device, "profile": profile, "device_profile": p});
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!(
-        "emulated {spec}: {} per run, record {}, median of {runs} (engine level)",
+        "emulated {spec}: {} per run, record {}, median of {runs} (engine level; one device raw over {})",
         human(size),
-        human(u64::from(recordsize))
+        human(u64::from(recordsize)),
+        human(raw_size)
     );
+    type Figure = fn(&EmulatedFigures) -> f64;
+    let rows: [(&str, Figure, &str); 3] = [
+        ("Seq output block", |f| f.seq_output_block_mb_s, "MB/s"),
+        ("Seq input block", |f| f.seq_input_block_mb_s, "MB/s"),
+        ("Random seeks", |f| f.random_seeks_per_s, "/s (8 KiB reads)"),
+    ];
     println!(
-        "  Seq output block   {:>8.1} MB/s",
-        result.seq_output_block_mb_s
+        "  {:<18} {:>10} {:>10} {:>10} {:>12}",
+        "FIGURE", "POOL", "DEVICE", "PROFILE", "DEVICE/PROF"
     );
-    println!(
-        "  Seq input block    {:>8.1} MB/s",
-        result.seq_input_block_mb_s
-    );
-    println!(
-        "  Random seeks       {:>8.1} /s (8 KiB reads)",
-        result.random_seeks_per_s
-    );
+    for (name, f, unit) in rows {
+        println!(
+            "  {name:<18} {:>10.1} {:>10.1} {:>10.1} {:>11.0}%  {unit}",
+            f(&result),
+            f(&device),
+            f(&profile),
+            f(&device) / f(&profile) * 100.0
+        );
+    }
     println!(
         "  device profile: {} — {:.0} MB/s, {:.0} random 8 KiB reads/s",
         p.name,
@@ -211,7 +388,7 @@ pub fn run(spec: &str, size: u64, recordsize: u32, runs: usize, json: bool) -> R
         p.random_read_iops(8192)
     );
     if !build.extra.is_empty() {
-        println!("  log and cache devices are in the pool; 'tank bench-cache' measures what the cache device buys");
+        println!("  log and cache devices are in the pool; 'tank bench-cache' and 'tank bench-sync' measure what they buy");
     }
     Ok(())
 }

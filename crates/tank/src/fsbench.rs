@@ -1,5 +1,7 @@
-//! `tank bench PATH`: the bonnie++-style benchmark of a directory, with history, comparison
-//! and a chart. The phases and their aggregation are in `tank_bench::fsbench`.
+//! `tank bench PATH` and `tank bench --emulate BUILD`: the bonnie++-style benchmark of a
+//! directory or of an emulated build (`emulate.rs`), with history, comparison and a chart.
+//! The phases and their aggregation are in `tank_bench::fsbench`, the link model in
+//! `tank_bench::link`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,7 +11,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use comfy_table::{presets, Table};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use tank_bench::emulate::EmulatedBuild;
 use tank_bench::fsbench::{self, FsBenchConfig, Summary, FIGURE_NAMES};
+use tank_bench::link::{Link, LinkProfile};
 
 use crate::datadir::{data_dir, human, parse_size};
 
@@ -46,9 +51,21 @@ pub struct FsBenchArgs {
     /// Show the last runs from the history side by side (no benchmark is run).
     #[arg(long)]
     compare: bool,
-    /// Measure an emulated build instead of a directory, e.g. "7x hdd raidz2 + ssd log".
+    /// Measure an emulated build instead of a directory, e.g. "7x hdd raidz2 + ssd log"
+    /// (through a FUSE mount of a filesystem on it; the default size is 4x --arc).
     #[arg(long)]
     emulate: Option<String>,
+    /// With --emulate: measure the pool at the engine level (no FUSE), beside one emulated
+    /// device of the profile measured raw.
+    #[arg(long)]
+    engine: bool,
+    /// With --emulate: the ARC of the emulated build.
+    #[arg(long, default_value = "256M")]
+    arc: String,
+    /// A network link in front of the storage: 1gbe, 10gbe or 25gbe (its bandwidth shared by
+    /// the jobs, a round trip per operation).
+    #[arg(long)]
+    link: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -98,41 +115,58 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
     if a.compare {
         return compare(a.json);
     }
-    if let Some(spec) = &a.emulate {
-        let size = match &a.size {
-            Some(s) => parse_size(s)?,
-            None => 1 << 30,
-        };
-        let rs = parse_size(&a.recordsize)?;
-        if !(512..=(16 << 20)).contains(&rs) || !rs.is_power_of_two() {
-            bail!("record size must be a power of two from 512 to 16M");
+    let recordsize = parse_size(&a.recordsize)?;
+    if !(512..=(16 << 20)).contains(&recordsize)
+        || (a.emulate.is_some() && !recordsize.is_power_of_two())
+    {
+        bail!("record size must be from 512 to 16M (a power of two for a dataset)");
+    }
+    let build = match &a.emulate {
+        Some(spec) => {
+            if a.path.is_some() {
+                bail!("give a directory or --emulate, not both");
+            }
+            Some(EmulatedBuild::parse(spec)?)
         }
-        return crate::emulate::run(spec, size, rs as u32, a.runs, a.json);
-    }
-    let Some(path) = a.path.clone() else {
-        bail!("give a directory to measure (or --compare to show past runs)");
+        None if a.engine => bail!("--engine measures an emulated build: give --emulate"),
+        None => None,
     };
-    let size = match &a.size {
-        Some(s) => parse_size(s)?,
-        None => 2 * ram_bytes(),
+    let arc = parse_size(&a.arc)?;
+    let size = match (&a.size, &build) {
+        (Some(s), _) => parse_size(s)?,
+        (None, Some(_)) => 4 * arc,
+        (None, None) => 2 * ram_bytes(),
     };
-    let recordsize = parse_size(&a.recordsize)? as usize;
-    if recordsize == 0 || recordsize > 16 << 20 {
-        bail!("record size must be from 1 byte to 16M");
+    if let Some(spec) = &a.emulate {
+        crate::emulate::set_arc(arc)?;
+        if a.engine {
+            return crate::emulate::run_engine(spec, size, recordsize as u32, a.runs, a.json);
+        }
     }
+    let link = match &a.link {
+        Some(l) => Some(Arc::new(Link::new(LinkProfile::parse(l)?))),
+        None => None,
+    };
+    let target = match (&a.path, &a.emulate) {
+        (Some(p), _) => p.display().to_string(),
+        (None, Some(spec)) => format!("emulated {spec}"),
+        (None, None) => bail!("give a directory to measure, --emulate BUILD, or --compare"),
+    };
     let cfg = FsBenchConfig {
         size,
-        recordsize,
+        recordsize: recordsize as usize,
         jobs: a.jobs,
         runs: a.runs,
         sync: a.sync,
         files: a.files,
         seeks: 8000,
         tree_files: a.tree_files,
+        link,
+        staging: None,
     };
     let start = Instant::now();
     let mut last_len = 0;
-    let runs = fsbench::run(&path, &cfg, &mut |phase, done| {
+    let mut progress = |phase: &str, done: f64| {
         let el = start.elapsed().as_secs_f64();
         let eta = if done > 0.01 {
             el / done - el
@@ -152,19 +186,24 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         eprint!("\r{line:<last_len$}");
         last_len = line.len();
         let _ = std::io::stderr().flush();
-    })
-    .with_context(|| format!("benchmark of {}", path.display()))?;
+    };
+    let runs = match (&build, &a.path) {
+        (Some(build), _) => crate::emulate::fs_runs(build, &cfg, &mut progress)?,
+        (None, Some(path)) => fsbench::run(path, &cfg, &mut progress)
+            .with_context(|| format!("benchmark of {}", path.display()))?,
+        (None, None) => unreachable!("a target was checked above"),
+    };
     eprintln!();
     let summary = fsbench::summarize(&runs);
     let entry = HistoryEntry {
         time: tank_pool::config::now_secs(),
-        label: a
-            .label
-            .clone()
-            .unwrap_or_else(|| path.display().to_string()),
-        path: path.display().to_string(),
+        label: a.label.clone().unwrap_or_else(|| match &a.link {
+            Some(l) => format!("{target} via {l}"),
+            None => target.clone(),
+        }),
+        path: target.clone(),
         size,
-        recordsize,
+        recordsize: recordsize as usize,
         jobs: a.jobs,
         sync: a.sync,
         summary: summary.clone(),
@@ -189,7 +228,7 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         entry.label,
         human(size),
         a.jobs,
-        human(recordsize as u64),
+        human(recordsize),
         if a.sync { "sync, " } else { "" },
         summary.runs
     );

@@ -33,6 +33,23 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `purge_delay` option: how long freed pages stay mapped before they go back to
+/// the kernel.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Keeps freed memory mapped for reuse instead of returning it to the kernel 10 ms later
+/// (mimalloc's default). Every txg frees its dirty buffers and the next allocates as many: with
+/// purging, each comes back as fresh pages the kernel must zero, which took half the CPU of a
+/// streaming write (an emulated NVMe device written at 1 GiB: 260 MB/s with purging, 1,060
+/// MB/s without). The process's resident memory then stays at its peak, which the ARC
+/// budget and the dirty-data limit bound.
+#[allow(unsafe_code)]
+fn keep_freed_memory() {
+    // SAFETY: mi_option_set only stores an option value; it is called before any thread is
+    // started, and the value is one mimalloc documents (-1: never purge).
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
 #[derive(Parser)]
 #[command(
     name = "tank",
@@ -156,6 +173,7 @@ pub fn run_in_daemon(argv: Vec<String>) -> i32 {
 }
 
 fn main() {
+    keep_freed_memory();
     let cli = Cli::parse();
     if let Err(e) = cmd_arc::apply_env() {
         eprintln!("tank: {e:#}");

@@ -1,11 +1,26 @@
 //! `tank plan`: which layout for these disks? See `tank_bench::plan` for the models.
+//!
+//! `--measure` then runs `tank bench`'s phases on emulated builds of the candidate layouts
+//! (the disks' profile, capacity scaled down) at each record size asked, one new pool per
+//! measurement, and ranks them by the figures the workload needs
+//! (`tank_bench::plan::measured_score`): the record size x layout sensitivity analysis of
+//! the reference builds, in minutes instead of days.
 
-use anyhow::{bail, Result};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use comfy_table::{presets, Table};
-use tank_bench::plan::{assess, cache_advice, enumerate, recommend, validate_input};
+use tank_bench::emulate::EmulatedBuild;
+use tank_bench::fsbench::{summarize, FsBenchConfig, FsFigures};
+use tank_bench::link::{Link, LinkProfile};
+use tank_bench::plan::{
+    assess, cache_advice, enumerate, measure_candidates, measured_score, recommend, validate_input,
+};
 use tank_bench::profile::parse_quantity;
-use tank_bench::{DeviceProfile, PlanInput, Workload};
+use tank_bench::{Assessment, DeviceProfile, Layout, PlanInput, VdevType, Workload};
 
 use crate::datadir::{human, parse_size};
 
@@ -36,6 +51,33 @@ pub struct PlanArgs {
     /// Cap streaming figures at a network link: 1gbe, 10gbe, 25gbe.
     #[arg(long)]
     link: Option<String>,
+    /// Measure the candidates on emulated builds and rank them by the results (needs FUSE).
+    #[arg(long)]
+    measure: bool,
+    /// With --measure: the layouts to measure, e.g. "2x12 raidz2,3x8 raidz2,12x2 mirror"
+    /// (default: the best few by the model).
+    #[arg(long)]
+    layouts: Option<String>,
+    /// With --measure and no --layouts: how many of the model's best layouts to measure.
+    #[arg(long, default_value_t = 4)]
+    candidates: usize,
+    /// With --measure: record sizes to try (default: --recordsize and 1M).
+    #[arg(long)]
+    recordsizes: Option<String>,
+    /// With --measure: bytes of the stream phases per measurement (default 4x --arc).
+    #[arg(long)]
+    size: Option<String>,
+    /// With --measure: the ARC of the emulated builds.
+    #[arg(long, default_value = "64M")]
+    arc: String,
+    /// With --measure: files of the small-file and tree phases.
+    #[arg(long, default_value_t = 2000)]
+    files: usize,
+    #[arg(long, default_value_t = 500)]
+    tree_files: usize,
+    /// With --measure: runs per measurement (medians).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
     #[arg(long)]
     json: bool,
 }
@@ -96,6 +138,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
     all.sort_by_key(|x| std::cmp::Reverse(x.usable_bytes));
     let (best, why) = recommend(input.workload, &all).expect("at least one layout");
     let cache = cache_advice(&input, &all[best]);
+    if a.measure {
+        return measure(&a, &input, &all, &all[best].name);
+    }
+    if a.layouts.is_some() || a.recordsizes.is_some() {
+        bail!("--layouts and --recordsizes choose what --measure runs: add --measure");
+    }
     if a.json {
         let out = serde_json::json!({
             "input": {
@@ -172,6 +220,180 @@ pub fn run(a: PlanArgs) -> Result<()> {
         );
     }
     println!("\nmodels: docs/PLAN.md. Estimates, not measurements: `tank bench` and `tank bench-engine` measure.");
+    Ok(())
+}
+
+/// One measured candidate.
+#[derive(serde::Serialize)]
+struct Measured {
+    layout: String,
+    recordsize: u64,
+    median: FsFigures,
+    score: f64,
+}
+
+/// `tank plan --measure`: the emulated benchmark over layouts x record sizes, ranked.
+fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) -> Result<()> {
+    let layouts: Vec<Layout> = match &a.layouts {
+        Some(list) => list
+            .split(',')
+            .map(|l| Layout::parse(l.trim()))
+            .collect::<Result<_, _>>()?,
+        None => measure_candidates(input.workload, all, a.candidates.max(1)),
+    };
+    for l in &layouts {
+        if l.disks() > input.disks {
+            bail!(
+                "{} needs {} disks, --disks gives {}",
+                l.describe(),
+                l.disks(),
+                input.disks
+            );
+        }
+    }
+    let recordsizes: Vec<u64> = match &a.recordsizes {
+        Some(list) => list
+            .split(',')
+            .map(|r| parse_size(r.trim()))
+            .collect::<Result<_>>()?,
+        None if input.recordsize == 1 << 20 => vec![input.recordsize],
+        None => vec![input.recordsize, 1 << 20],
+    };
+    for &r in &recordsizes {
+        if !(512..=(16 << 20)).contains(&r) || !r.is_power_of_two() {
+            bail!("record size {r}: give a power of two from 512 to 16M");
+        }
+    }
+    let arc = parse_size(&a.arc)?;
+    crate::emulate::set_arc(arc)?;
+    let size = match &a.size {
+        Some(s) => parse_size(s)?,
+        None => 4 * arc,
+    };
+    let link = match &a.link {
+        Some(l) => Some(Arc::new(Link::new(LinkProfile::parse(l)?))),
+        None => None,
+    };
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let total = layouts.len() * recordsizes.len();
+    let start = Instant::now();
+    let mut results = Vec::new();
+    let mut last_len = 0;
+    for (li, layout) in layouts.iter().enumerate() {
+        let build = EmulatedBuild {
+            count: layout.width * layout.vdevs,
+            profile: input.disk.clone(),
+            layout: layout.kind(),
+            width: if matches!(layout.vdev, VdevType::Stripe) {
+                layout.vdevs
+            } else {
+                layout.width
+            },
+            extra: Vec::new(),
+        };
+        for (ri, &recordsize) in recordsizes.iter().enumerate() {
+            let k = li * recordsizes.len() + ri;
+            let cfg = FsBenchConfig {
+                size,
+                recordsize: recordsize as usize,
+                jobs: 1,
+                runs: a.runs,
+                sync: false,
+                files: a.files,
+                seeks: 2000,
+                tree_files: a.tree_files,
+                link: link.clone(),
+                staging: None,
+            };
+            let what = format!("{} at {}", layout.describe(), human(recordsize));
+            let mut progress = |phase: &str, done: f64| {
+                let overall = (k as f64 + done) / total as f64;
+                let el = start.elapsed().as_secs_f64();
+                let eta = if overall > 0.01 {
+                    format!("  ETA {:.0} s", (el / overall - el).max(0.0))
+                } else {
+                    String::new()
+                };
+                let line = format!(
+                    "[{}/{total}] {what}: {phase}  {:.0} %  elapsed {el:.0} s{eta}",
+                    k + 1,
+                    overall * 100.0
+                );
+                eprint!("\r{line:<last_len$}");
+                last_len = line.len();
+                let _ = std::io::stderr().flush();
+            };
+            let runs = crate::emulate::fs_runs(&build, &cfg, &mut progress)
+                .with_context(|| format!("measuring {what}"))?;
+            let median = summarize(&runs).median;
+            results.push(Measured {
+                layout: layout.describe(),
+                recordsize,
+                median,
+                score: measured_score(input.workload, &median),
+            });
+        }
+    }
+    eprintln!();
+    results.sort_by(|x, y| y.score.total_cmp(&x.score));
+    if a.json {
+        let out = serde_json::json!({
+            "workload": input.workload, "size": size, "arc": arc, "link": a.link,
+            "disk_profile": input.disk, "runs": a.runs,
+            "modelled_recommendation": modelled, "measured": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "measured on emulated {} disks ({}), {} per stream phase, ARC {}, {}{} run(s) each, ranked for {} work:",
+        input.disk.name,
+        human_dec(input.disk.capacity),
+        human(size),
+        human(arc),
+        a.link.as_deref().map(|l| format!("behind {l}, ")).unwrap_or_default(),
+        a.runs,
+        a.workload
+    );
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_header([
+        "LAYOUT",
+        "RECORD",
+        "WRITE MB/s",
+        "READ MB/s",
+        "SEEKS/s",
+        "TREE IN",
+        "TREE OUT",
+        "DELETE/s",
+        "SCORE",
+    ]);
+    for (i, m) in results.iter().enumerate() {
+        let f = &m.median;
+        t.add_row(vec![
+            format!("{}{}", if i == 0 { "* " } else { "  " }, m.layout),
+            human(m.recordsize),
+            format!("{:.0}", f.seq_output_block_mb_s),
+            format!("{:.0}", f.seq_input_block_mb_s),
+            format!("{:.0}", f.random_seeks_per_s),
+            format!("{:.1}", f.tree_copy_in_mb_s),
+            format!("{:.1}", f.tree_copy_out_mb_s),
+            format!("{:.0}", f.tree_delete_files_per_s),
+            format!("{:.1}", m.score),
+        ]);
+    }
+    println!("{t}\n");
+    let best = &results[0];
+    println!(
+        "measured best for {} work: {} at recordsize {} (the model recommends {})",
+        a.workload,
+        best.layout,
+        human(best.recordsize),
+        modelled
+    );
+    println!("score: geometric mean of the figures the workload needs (docs/PLAN.md)");
     Ok(())
 }
 

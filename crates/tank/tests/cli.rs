@@ -328,13 +328,38 @@ fn bench_measures_a_directory_keeps_history_and_cleans_up() {
     env.fails(&["bench", "target", "--size", "1P"], "free");
 }
 
+/// Whether this process can mount FUSE filesystems.
+fn fuse_mountable() -> bool {
+    let cap_sys_admin = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|c| c & (1 << 21) != 0);
+    std::path::Path::new("/dev/fuse").exists() && cap_sys_admin
+}
+
+/// Nothing of an emulated pool is left in the data directory.
+fn no_emulated_leftovers(env: &Env) {
+    let data = env.path("data");
+    let left: Vec<_> = std::fs::read_dir(&data)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter()
+            .all(|n| !n.to_string_lossy().starts_with("emulate-")),
+        "{left:?}"
+    );
+}
+
 #[test]
-fn bench_emulates_a_planned_build() {
+fn bench_emulates_a_planned_build_at_the_engine_level() {
     let env = Env::new();
     let out = env.ok(&[
         "bench",
         "--emulate",
         "3x nvme raidz1 + ssd log",
+        "--engine",
         "--size",
         "16M",
         "--recordsize",
@@ -349,19 +374,89 @@ fn bench_emulates_a_planned_build() {
     assert!(read > 0.0 && read < 2.0 * 3500.0 * 1.1, "{out}");
     env.fails(
         &["bench", "--emulate", "2x hdd raidz2"],
-        "raidz2 of 2 devices",
+        "raidz2 vdev of 2 devices",
     );
     env.fails(&["bench", "--emulate", "7x tape"], "unknown device profile");
-    // Nothing of the emulated pool is left behind.
-    let data = env.path("data");
-    let left: Vec<_> = std::fs::read_dir(&data)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(
-        left.iter()
-            .all(|n| !n.to_string_lossy().starts_with("emulate-")),
-        "{left:?}"
+    env.fails(&["bench", "--engine"], "give --emulate");
+    env.fails(
+        &["bench", "--emulate", "1x hdd", "--link", "2gbe"],
+        "unknown link",
     );
+    no_emulated_leftovers(&env);
+}
+
+#[test]
+fn one_emulated_hdd_measures_within_ten_percent_of_its_profile() {
+    let env = Env::new();
+    let out = env.ok(&[
+        "bench",
+        "--emulate",
+        "1x hdd",
+        "--engine",
+        "--size",
+        "64M",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for figure in [
+        "seq_output_block_mb_s",
+        "seq_input_block_mb_s",
+        "random_seeks_per_s",
+    ] {
+        let device = v["raw_device"][figure].as_f64().unwrap();
+        let profile = v["profile"][figure].as_f64().unwrap();
+        assert!(
+            (device - profile).abs() / profile < 0.10,
+            "{figure}: the emulated device measured {device:.1}, its profile says {profile:.1}\n{out}"
+        );
+    }
+    no_emulated_leftovers(&env);
+}
+
+#[test]
+fn bench_runs_every_phase_on_an_emulated_build_behind_a_link() {
+    if !fuse_mountable() {
+        eprintln!("bench_runs_every_phase_on_an_emulated_build_behind_a_link: skipped: FUSE cannot be mounted here (/dev/fuse or CAP_SYS_ADMIN missing)");
+        return;
+    }
+    let env = Env::new();
+    let out = env.ok(&[
+        "bench",
+        "--emulate",
+        "3x ssd raidz1",
+        "--link",
+        "1gbe",
+        "--size",
+        "32M",
+        "--files",
+        "200",
+        "--tree-files",
+        "40",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let median = &v["summary"]["median"];
+    for figure in tank_bench::fsbench::FIGURE_NAMES {
+        let x = median[figure].as_f64().unwrap();
+        assert!(x > 0.0 && x.is_finite(), "{figure}: {out}");
+    }
+    // The gigabit link (111 MB/s of payload) caps every stream.
+    for figure in [
+        "seq_output_block_mb_s",
+        "seq_input_block_mb_s",
+        "tree_copy_in_mb_s",
+    ] {
+        let x = median[figure].as_f64().unwrap();
+        assert!(x <= 111.0 * 1.01, "{figure} {x} above the link: {out}");
+    }
+    assert!(v["label"].as_str().unwrap().contains("via 1gbe"), "{out}");
+    let cmp = env.ok(&["bench", "--compare"]);
+    assert!(cmp.contains("emulated 3x ssd raidz1"), "{cmp}");
+    no_emulated_leftovers(&env);
 }
 
 #[test]
@@ -456,13 +551,7 @@ impl Drop for Daemon {
 
 #[test]
 fn serve_creates_mounts_and_answers_the_cli() {
-    let cap_sys_admin = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|c| c & (1 << 21) != 0);
-    if !std::path::Path::new("/dev/fuse").exists() || !cap_sys_admin {
+    if !fuse_mountable() {
         eprintln!("serve_creates_mounts_and_answers_the_cli: skipped: FUSE cannot be mounted here (/dev/fuse or CAP_SYS_ADMIN missing)");
         return;
     }
