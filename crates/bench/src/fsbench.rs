@@ -209,14 +209,64 @@ pub fn aggregate(spans: &[(f64, f64)]) -> f64 {
     }
 }
 
+/// Set when the user interrupts the benchmark: every phase stops at its next operation and
+/// returns an error, so that the normal clean-up runs (files closed, directories removed,
+/// an emulated pool unmounted and destroyed).
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks every running phase to stop (from a signal handler).
+pub fn interrupt() {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// An error once the benchmark was interrupted; the phases call it between operations.
+pub fn check_interrupted() -> Result<(), BenchError> {
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        Err(BenchError::Invalid("interrupted".into()))
+    } else {
+        Ok(())
+    }
+}
+
+/// Directories a benchmark made and will remove, so that an interrupted benchmark can remove
+/// them too (`remove_tracked`, from a signal handler, if the phases did not stop in time).
+static TRACKED: parking_lot::Mutex<Vec<PathBuf>> = parking_lot::Mutex::new(Vec::new());
+
+/// Records a directory the benchmark made (removed by `remove_tracked` if it is interrupted).
+pub fn track(path: &Path) {
+    TRACKED.lock().push(path.to_path_buf());
+}
+
+/// Forgets a directory the benchmark has removed itself.
+pub fn untrack(path: &Path) {
+    TRACKED.lock().retain(|p| p != path);
+}
+
+/// Removes every tracked directory (newest first): what an interrupted benchmark leaves.
+pub fn remove_tracked() {
+    let paths = std::mem::take(&mut *TRACKED.lock());
+    for p in paths.iter().rev() {
+        let _ = fs::remove_dir_all(p);
+    }
+}
+
 /// The working directory of one benchmark; removed on drop.
 struct Workdir {
     path: PathBuf,
 }
 
+impl Workdir {
+    fn create(path: PathBuf, parent: &Path) -> Result<Self, BenchError> {
+        fs::create_dir(&path).map_err(|e| io("cannot create a directory in", parent, e))?;
+        track(&path);
+        Ok(Workdir { path })
+    }
+}
+
 impl Drop for Workdir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);
+        untrack(&self.path);
     }
 }
 
@@ -319,15 +369,9 @@ pub fn run(
     let mut out = Vec::new();
     for run in 0..cfg.runs {
         let name = format!(".tank-bench-{}-{run}", std::process::id());
-        let path = target.join(&name);
-        fs::create_dir(&path).map_err(|e| io("cannot create a directory in", target, e))?;
-        let wd = Workdir { path };
+        let wd = Workdir::create(target.join(&name), target)?;
         let stage = match &cfg.staging {
-            Some(s) => {
-                let path = s.join(&name);
-                fs::create_dir(&path).map_err(|e| io("cannot create a directory in", s, e))?;
-                Some(Workdir { path })
-            }
+            Some(s) => Some(Workdir::create(s.join(&name), s)?),
             None => None,
         };
         let mut report = |phase: &str, i: usize| {
@@ -364,6 +408,7 @@ fn one_run(
         link.round_trip();
         let mut f = File::create(&p).map_err(|e| io("cannot create", &p, e))?;
         for _ in 0..blocks {
+            check_interrupted()?;
             link.up(data.len() as u64);
             f.write_all(&data).map_err(|e| io("write to", &p, e))?;
             if cfg.sync {
@@ -389,6 +434,7 @@ fn one_run(
             .map_err(|e| io("cannot open", &p, e))?;
         let mut buf = vec![0u8; cfg.recordsize];
         for b in 0..blocks {
+            check_interrupted()?;
             let off = b * cfg.recordsize as u64;
             f.read_exact_at(&mut buf, off)
                 .map_err(|e| io("read", &p, e))?;
@@ -413,6 +459,7 @@ fn one_run(
         let mut buf = vec![0u8; cfg.recordsize];
         let mut total = 0u64;
         loop {
+            check_interrupted()?;
             let n = f.read(&mut buf).map_err(|e| io("read", &p, e))?;
             if n == 0 {
                 break;
@@ -440,6 +487,7 @@ fn one_run(
         let per = cfg.seeks / cfg.jobs;
         link.drain();
         for i in 0..per {
+            check_interrupted()?;
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -470,6 +518,7 @@ fn one_run(
     }
     let create = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
+            check_interrupted()?;
             let p = small(w).join(format!("{i:07}"));
             link.round_trip();
             File::create(&p).map_err(|e| io("cannot create", &p, e))?;
@@ -478,6 +527,7 @@ fn one_run(
     })?);
     let stat = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
+            check_interrupted()?;
             let p = small(w).join(format!("{i:07}"));
             link.round_trip();
             fs::metadata(&p).map_err(|e| io("stat", &p, e))?;
@@ -486,6 +536,7 @@ fn one_run(
     })?);
     let delete = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
+            check_interrupted()?;
             let p = small(w).join(format!("{i:07}"));
             link.round_trip();
             fs::remove_file(&p).map_err(|e| io("delete", &p, e))?;
@@ -543,6 +594,7 @@ fn make_tree(root: &Path, n: usize) -> Result<Vec<u64>, BenchError> {
     let mut sizes = Vec::with_capacity(n);
     let mut x = 0x9e37_79b9u64;
     for i in 0..n {
+        check_interrupted()?;
         let d = root.join(format!("d{:04}", i / 20));
         if i % 20 == 0 {
             fs::create_dir_all(&d).map_err(|e| io("cannot create", &d, e))?;
@@ -617,6 +669,7 @@ fn remove_tree(dir: &Path, link: &Pace<'_>) -> Result<(), BenchError> {
         {
             remove_tree(&path, link)?;
         } else {
+            check_interrupted()?;
             link.round_trip();
             fs::remove_file(&path).map_err(|e| io("delete", &path, e))?;
         }

@@ -10,9 +10,11 @@
 //! [`HddModel`] and [`SsdModel`] implement `tank_device::TimingModel`, the seam of
 //! `EmulatedDevice`:
 //! - HDD: a request that starts where the previous one ended pays only its transfer
-//!   (`len / bandwidth`); any other pays a seek that grows with the square root of the
-//!   distance (track-to-track 0.5 ms up to a full stroke, scaled so that uniformly random
-//!   requests average the profile's seek), plus half a rotation, plus the transfer.
+//!   (`len / bandwidth`); one a little further on pays the time the skipped bytes take to
+//!   pass under the head (`gap / bandwidth`) when that is less than repositioning; any other
+//!   pays a seek that grows with the square root of the distance (track-to-track 0.5 ms up
+//!   to a full stroke, scaled so that uniformly random requests average the profile's seek),
+//!   plus half a rotation, plus the transfer.
 //! - SSD/NVMe: `max(len / bandwidth, 1 / IOPS)`: requests are served one at a time by the
 //!   emulated device, so the profile's IOPS at its queue depth is folded into the per-request
 //!   time.
@@ -53,6 +55,10 @@ pub struct DeviceProfile {
     pub read_iops: f64,
     pub write_iops: f64,
     pub queue_depth: u32,
+    /// Time to serve one request with nothing else queued (flash), milliseconds: what a
+    /// single synchronous reader waits, where `1 / iops` is the device's rate when its queue
+    /// is full.
+    pub access_ms: f64,
     /// Mean time to failure, hours (data sheet).
     pub mttf_hours: f64,
     /// Unrecoverable read errors per bit read (data sheet: 1 in 10^14 for desktop/NAS HDDs).
@@ -77,12 +83,13 @@ impl DeviceProfile {
             read_iops: 0.0,
             write_iops: 0.0,
             queue_depth: 1,
+            access_ms: 0.0,
             mttf_hours: 1_000_000.0,
             ure_per_bit: 1e-14,
         }
     }
 
-    /// A SATA SSD (550/520 MB/s, 90k/80k IOPS at QD32).
+    /// A SATA SSD (550/520 MB/s, 90k/80k IOPS at QD32, 90 us for one request alone).
     pub fn ssd() -> Self {
         Self {
             name: "SATA SSD".into(),
@@ -95,12 +102,13 @@ impl DeviceProfile {
             read_iops: 90.0 * KB,
             write_iops: 80.0 * KB,
             queue_depth: 32,
+            access_ms: 0.09,
             mttf_hours: 1_500_000.0,
             ure_per_bit: 1e-16,
         }
     }
 
-    /// An NVMe SSD (3.5/3.0 GB/s, 500k/400k IOPS).
+    /// An NVMe SSD (3.5/3.0 GB/s, 500k/400k IOPS at QD64, 60 us for one request alone).
     pub fn nvme() -> Self {
         Self {
             name: "NVMe SSD".into(),
@@ -113,6 +121,7 @@ impl DeviceProfile {
             read_iops: 500.0 * KB,
             write_iops: 400.0 * KB,
             queue_depth: 64,
+            access_ms: 0.06,
             mttf_hours: 1_600_000.0,
             ure_per_bit: 1e-17,
         }
@@ -147,7 +156,8 @@ impl DeviceProfile {
     }
 
     /// Parses `hdd`, `ssd`, `nvme`, optionally followed by `:key=value,...` overrides
-    /// (`cap`, `bw`, `rbw`, `wbw`, `seek`, `rpm`, `riops`, `wiops`, `qd`, `mttf`, `ure`).
+    /// (`cap`, `bw`, `rbw`, `wbw`, `seek`, `rpm`, `riops`, `wiops`, `qd`, `access`, `mttf`,
+    /// `ure`).
     pub fn parse(spec: &str) -> Result<Self, BenchError> {
         let (base, overrides) = spec.split_once(':').unwrap_or((spec, ""));
         let mut p = match base.trim() {
@@ -183,11 +193,12 @@ impl DeviceProfile {
                 "riops" => p.read_iops = num(v)?,
                 "wiops" => p.write_iops = num(v)?,
                 "qd" => p.queue_depth = num(v)? as u32,
+                "access" => p.access_ms = num(v)?,
                 "mttf" => p.mttf_hours = num(v)?,
                 "ure" => p.ure_per_bit = num(v)?,
                 other => {
                     return Err(BenchError::Invalid(format!(
-                        "unknown profile setting '{other}' (cap, bw, rbw, wbw, seek, rpm, riops, wiops, qd, mttf, ure)"
+                        "unknown profile setting '{other}' (cap, bw, rbw, wbw, seek, rpm, riops, wiops, qd, access, mttf, ure)"
                     )))
                 }
             }
@@ -239,6 +250,9 @@ impl DeviceProfile {
                 if !(self.read_iops > 0.0 && self.write_iops > 0.0) {
                     return bad("a flash device needs positive IOPS");
                 }
+                if !(0.0..=100.0).contains(&self.access_ms) {
+                    return bad("a flash device's access time must be 0 to 100 ms");
+                }
             }
         }
         if self.queue_depth == 0 {
@@ -253,9 +267,7 @@ impl DeviceProfile {
     pub fn model(&self, span: u64) -> std::sync::Arc<dyn TimingModel> {
         match self.kind {
             DiskKind::Hdd => std::sync::Arc::new(HddModel::with_span(self.clone(), span)),
-            _ => std::sync::Arc::new(SsdModel {
-                profile: self.clone(),
-            }),
+            _ => std::sync::Arc::new(SsdModel::new(self.clone())),
         }
     }
 }
@@ -334,28 +346,72 @@ impl TimingModel for HddModel {
         let positioning_ms = if offset == *head {
             0.0
         } else {
-            self.seek_ms((offset.abs_diff(*head) as f64 * self.stretch) as u64)
-                + self.profile.rotation_ms()
+            let reposition = self.seek_ms((offset.abs_diff(*head) as f64 * self.stretch) as u64)
+                + self.profile.rotation_ms();
+            if offset > *head {
+                // A short skip forward: the platter carries the skipped sectors past the head
+                // (a RAID-Z read skipping a parity column, an allocation gap) in less time
+                // than a seek and half a rotation.
+                let pass_ms = (offset - *head) as f64 / bw * 1e3;
+                pass_ms.min(reposition)
+            } else {
+                reposition
+            }
         };
         *head = offset + len;
         Duration::from_secs_f64(positioning_ms / 1e3 + len as f64 / bw)
     }
 }
 
-/// Emulates flash: `max(len / bandwidth, 1 / IOPS)` per request.
+/// Emulates flash: requests are served side by side (up to the device's queue depth), each
+/// taking at least `access + len / bandwidth`, while the device as a whole serves at most
+/// its IOPS and bandwidth: every request books `max(len / bandwidth, 1 / IOPS)` on a clock
+/// of the device's throughput and ends no earlier than its booking. One reader alone then
+/// sees the access time (about 10k IOPS for a SATA SSD), a full queue the data sheet's IOPS.
 #[derive(Debug)]
 pub struct SsdModel {
     profile: DeviceProfile,
+    /// When the device's throughput is next free.
+    busy_until: Mutex<Option<std::time::Instant>>,
 }
 
-impl TimingModel for SsdModel {
-    fn service_time(&self, op: IoKind, _offset: u64, len: u64) -> Duration {
+impl SsdModel {
+    pub fn new(profile: DeviceProfile) -> Self {
+        Self {
+            profile,
+            busy_until: Mutex::new(None),
+        }
+    }
+
+    /// Service time of a request issued at `now`.
+    pub fn service_at(&self, op: IoKind, len: u64, now: std::time::Instant) -> Duration {
         let (bw, iops) = match op {
             IoKind::Read => (self.profile.read_bw, self.profile.read_iops),
             IoKind::Write => (self.profile.write_bw, self.profile.write_iops),
             IoKind::Flush | IoKind::Trim => return Duration::from_micros(50),
         };
-        Duration::from_secs_f64((len as f64 / bw).max(1.0 / iops))
+        let transfer = len as f64 / bw;
+        let occupancy = Duration::from_secs_f64(transfer.max(1.0 / iops));
+        let mut busy = self.busy_until.lock();
+        let start = busy.map_or(now, |t| t.max(now));
+        let booked_end = start + occupancy;
+        *busy = Some(booked_end);
+        let alone = now + Duration::from_secs_f64(self.profile.access_ms / 1e3 + transfer);
+        alone.max(booked_end) - now
+    }
+}
+
+impl TimingModel for SsdModel {
+    fn service_time(&self, op: IoKind, _offset: u64, len: u64) -> Duration {
+        self.service_at(op, len, std::time::Instant::now())
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.profile.queue_depth.max(1) as usize
+    }
+
+    fn serial(&self) -> bool {
+        false
     }
 }
 
@@ -380,6 +436,26 @@ mod tests {
         // The first request seeks from 0 to 0: none. 1000 MiB at 180 MB/s.
         let expect = 1000.0 * (1u64 << 20) as f64 / 180e6;
         assert!((t - expect).abs() / expect < 1e-6, "{t} vs {expect}");
+    }
+
+    #[test]
+    fn hdd_short_forward_skips_cost_the_bytes_passing_and_long_ones_a_seek() {
+        let p = DeviceProfile::hdd();
+        let m = HddModel::new(p.clone());
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let transfer = (128u64 << 10) as f64 / p.read_bw * 1e3;
+        m.service_time(IoKind::Read, 0, 128 << 10);
+        // Skipping a 24 KiB parity column: 24 KiB pass under the head.
+        let skip = ms(m.service_time(IoKind::Read, (128 + 24) << 10, 128 << 10));
+        let expect = (24u64 << 10) as f64 / p.read_bw * 1e3 + transfer;
+        assert!((skip - expect).abs() < 1e-5, "{skip} vs {expect}");
+        // A jump of a quarter of the disk forward: a seek and half a rotation are quicker
+        // than letting a terabyte pass.
+        let far = ms(m.service_time(IoKind::Read, p.capacity / 4, 128 << 10));
+        assert!(far > p.rotation_ms() && far < 30.0, "{far}");
+        // Backwards always repositions, however short.
+        let back = ms(m.service_time(IoKind::Read, p.capacity / 4 - (256 << 10), 4096));
+        assert!(back > p.rotation_ms(), "{back}");
     }
 
     #[test]
@@ -410,13 +486,41 @@ mod tests {
     }
 
     #[test]
-    fn ssd_small_requests_are_iops_bound_and_large_ones_bandwidth_bound() {
+    fn ssd_one_request_alone_waits_its_access_time_and_a_full_queue_gets_the_iops() {
         let p = DeviceProfile::ssd();
-        let m = SsdModel { profile: p.clone() };
-        let small = m.service_time(IoKind::Read, 0, 4096).as_secs_f64();
-        assert!((1.0 / small - 90_000.0).abs() / 90_000.0 < 1e-4);
-        let big = m.service_time(IoKind::Read, 0, 1 << 20).as_secs_f64();
-        assert!(((1u64 << 20) as f64 / big - 550e6).abs() / 550e6 < 1e-4);
+        let m = SsdModel::new(p.clone());
+        let t0 = std::time::Instant::now();
+        // Alone: access time plus transfer.
+        let alone = m.service_at(IoKind::Read, 4096, t0).as_secs_f64();
+        let expect = p.access_ms / 1e3 + 4096.0 / p.read_bw;
+        assert!((alone - expect).abs() < 1e-6, "{alone} vs {expect}");
+        assert!(
+            (8_000.0..12_000.0).contains(&(1.0 / alone)),
+            "{}",
+            1.0 / alone
+        );
+        // A queue of 10,000 requests issued together ends at the IOPS rate.
+        let m = SsdModel::new(p.clone());
+        let last = (0..10_000)
+            .map(|_| m.service_at(IoKind::Read, 4096, t0))
+            .max()
+            .unwrap()
+            .as_secs_f64();
+        let rate = 10_000.0 / last;
+        assert!((rate - p.read_iops).abs() / p.read_iops < 0.01, "{rate}");
+        // Large requests: the bandwidth.
+        let m = SsdModel::new(p.clone());
+        let last = (0..100)
+            .map(|_| m.service_at(IoKind::Read, 1 << 20, t0))
+            .max()
+            .unwrap()
+            .as_secs_f64();
+        let bw = 100.0 * (1u64 << 20) as f64 / last;
+        assert!((bw - p.read_bw).abs() / p.read_bw < 0.01, "{bw}");
+        // A request after the device went idle is alone again.
+        let later = t0 + Duration::from_secs(60);
+        let again = m.service_at(IoKind::Read, 4096, later).as_secs_f64();
+        assert!((again - expect).abs() < 1e-6);
     }
 
     #[test]
@@ -429,6 +533,11 @@ mod tests {
         assert!(DeviceProfile::parse("hdd:bw=-5").is_err());
         assert!(DeviceProfile::parse("hdd:rpm=0").is_err());
         assert!(DeviceProfile::parse("ssd:riops=0").is_err());
+        assert!(DeviceProfile::parse("ssd:access=-1").is_err());
+        assert_eq!(
+            DeviceProfile::parse("ssd:access=0.2ms").unwrap().access_ms,
+            0.2
+        );
         assert!(DeviceProfile::parse("hdd:ure=2").is_err());
         assert!(DeviceProfile::parse("hdd:speed=3").is_err());
         assert!(DeviceProfile::parse("hdd:bw").is_err());

@@ -9,7 +9,8 @@
 //! as one disk serves one request at a time, and then sleeps until the modelled service time
 //! has elapsed since the operation started (the inner device's own time counts towards it).
 //! An operation issued right after the previous one ended starts at that one's due time, so
-//! late wake-ups on a busy host do not add up over a stream.
+//! late wake-ups on a busy host do not add up over a stream. A model that is not serial
+//! (flash) is consulted for operations side by side and shares the device out itself.
 //! Failed operations take their modelled time too. The device keeps the inner device's name.
 //!
 //! A *scratch* emulated device ([`EmulatedDevice::scratch`]) does not pass flushes on: the
@@ -41,6 +42,12 @@ pub trait TimingModel: Send + Sync + std::fmt::Debug {
     /// requests in the order they were issued, as a disk's queue would sort them).
     fn queue_depth(&self) -> usize {
         1
+    }
+    /// Whether the device serves one operation at a time (a disk's single actuator). A
+    /// model that returns false is called for operations in flight side by side and
+    /// accounts for their sharing of the device itself (flash).
+    fn serial(&self) -> bool {
+        true
     }
 }
 
@@ -99,6 +106,16 @@ impl EmulatedDevice {
     }
 
     fn timed<T>(&self, op: IoKind, offset: u64, len: u64, f: impl FnOnce() -> T) -> T {
+        if !self.model.serial() {
+            let start = Instant::now();
+            let end = start + self.model.service_time(op, offset, len);
+            let out = f();
+            let now = Instant::now();
+            if end > now {
+                std::thread::sleep(end - now);
+            }
+            return out;
+        }
         let mut previous_end = self.head.lock();
         let now = Instant::now();
         // An operation that follows the previous one closely starts when that one was due to

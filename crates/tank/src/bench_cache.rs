@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
 use tank_bench::emulate::EmulatedBuild;
@@ -168,8 +168,7 @@ fn random_reads(store: &Arc<ObjectStore>, id: u64, p: &Params) -> Result<f64> {
 /// One pool of the L2ARC comparison: build, fill, warm, measure.
 fn l2_phase(build: &EmulatedBuild, p: &Params, run: usize, tag: &str) -> Result<Phase> {
     let dir = data_dir().join(format!("bench-cache-{}-{run}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let _tmp = TempDir(dir.clone());
+    let _tmp = TempDir::create(dir.clone())?;
     let dev_size = ((p.ws as f64 / build.data_fraction() / build.count as f64 * 1.6) as u64
         + (512 << 20))
         .max(1 << 30);
@@ -224,8 +223,7 @@ fn vm_rss() -> u64 {
 fn rss_run(p: &Params) -> Result<(u64, u64, u64, u64)> {
     let start = vm_rss();
     let dir = data_dir().join(format!("bench-cache-rss-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let _tmp = TempDir(dir.clone());
+    let _tmp = TempDir::create(dir.clone())?;
     let build = EmulatedBuild::parse("7x ssd raidz2")?;
     let dev = ((p.ws / 5) as f64 * 1.6) as u64 + (512 << 20);
     // Plain file devices: the same files, no timing model.
@@ -270,6 +268,7 @@ fn rss_run(p: &Params) -> Result<(u64, u64, u64, u64)> {
 }
 
 pub fn run(a: CacheBenchArgs) -> Result<()> {
+    crate::emulate::clean_up_on_signal();
     let p = Params {
         arc: parse_size(&a.arc)?,
         ws: parse_size(&a.working_set)?,

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -116,8 +116,7 @@ fn sync_writes(store: &Arc<ObjectStore>, id: u64, p: &Params) -> Result<Phase> {
 /// One pool of the comparison: build, fill, measure.
 fn phase(build: &EmulatedBuild, p: &Params, run: usize, tag: &str) -> Result<Phase> {
     let dir = data_dir().join(format!("bench-sync-{}-{run}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let _tmp = TempDir(dir.clone());
+    let _tmp = TempDir::create(dir.clone())?;
     let dev_size = ((p.file as f64 / build.data_fraction() / build.count as f64 * 2.0) as u64
         + (1 << 30))
         .max(1 << 30);
@@ -143,6 +142,7 @@ fn phase(build: &EmulatedBuild, p: &Params, run: usize, tag: &str) -> Result<Pha
 }
 
 pub fn run(a: SyncBenchArgs) -> Result<()> {
+    crate::emulate::clean_up_on_signal();
     let p = Params {
         file: parse_size(&a.file)?,
         recordsize: u32::try_from(parse_size(&a.recordsize)?)

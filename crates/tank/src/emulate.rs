@@ -50,20 +50,60 @@ pub struct EmulatedFigures {
     pub random_seeks_per_s: f64,
 }
 
+/// A benchmark's temporary directory, removed on drop (and by `clean_up_on_signal`).
 pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn create(dir: PathBuf) -> Result<Self> {
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        fsbench::track(&dir);
+        Ok(TempDir(dir))
+    }
+}
 
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+        fsbench::untrack(&self.0);
     }
 }
 
 /// A new temporary directory under the data directory for run `run` of this process.
 fn temp_dir(what: &str, run: usize) -> Result<TempDir> {
-    let dir = data_dir().join(format!("{what}-{}-{run}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(TempDir(dir))
+    TempDir::create(data_dir().join(format!("{what}-{}-{run}", std::process::id())))
 }
+
+/// On SIGINT or SIGTERM, stops the benchmark so that it cleans up as on any error: every
+/// phase returns at its next operation, files are closed, an emulated filesystem unmounted,
+/// its pool destroyed and every directory the benchmark made removed, then the command
+/// fails with "interrupted". If that has not happened within `FORCED_AFTER` (an operation
+/// stuck on a device), the handler detaches the emulated filesystem, removes the
+/// directories itself and exits.
+pub fn clean_up_on_signal() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+        ]) else {
+            return;
+        };
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                eprintln!("\ntank: interrupted: removing the benchmark's files");
+                fsbench::interrupt();
+                std::thread::sleep(FORCED_AFTER);
+                crate::mounts::detach_pool(POOL);
+                fsbench::remove_tracked();
+                std::process::exit(128 + sig);
+            }
+        });
+    });
+}
+
+/// How long an interrupted benchmark has to clean up by itself.
+const FORCED_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Size of each stand-in device file (sparse): room for `bytes` of data, its redundancy
 /// and slack.
@@ -234,6 +274,7 @@ fn raw_device(
     let t = Instant::now();
     let mut off = 0u64;
     while off < size {
+        fsbench::check_interrupted()?;
         let i = (off as usize) % chunk.len();
         dev.write_at(&chunk[i..i + req], off)?;
         off += req as u64;
@@ -244,6 +285,7 @@ fn raw_device(
     let t = Instant::now();
     let mut off = 0u64;
     while off < size {
+        fsbench::check_interrupted()?;
         dev.read_at(&mut buf, off)?;
         off += req as u64;
     }
@@ -252,6 +294,7 @@ fn raw_device(
     let t = Instant::now();
     // Over the whole device, as the profile's random reads are.
     for at in random_offsets(dev.size(), seeks) {
+        fsbench::check_interrupted()?;
         dev.read_at(&mut small, at)?;
     }
     let iops = seeks as f64 / t.elapsed().as_secs_f64();
@@ -283,6 +326,7 @@ fn engine_run(
         let t = Instant::now();
         let mut off = 0u64;
         while off < size {
+            fsbench::check_interrupted()?;
             let n = (chunk.len() as u64).min(size - off) as usize;
             let tx = store.begin(n as u64)?;
             os.write(&tx, id, off, &chunk[..n])?;
@@ -296,6 +340,7 @@ fn engine_run(
         let t = Instant::now();
         let mut off = 0u64;
         while off < size {
+            fsbench::check_interrupted()?;
             let got = os.read(id, off, 8 << 20)?;
             if got.is_empty() {
                 break;
@@ -306,6 +351,7 @@ fn engine_run(
         store.cache().arc().remove_spa(store.cache().spa());
         let t = Instant::now();
         for at in random_offsets(size, seeks) {
+            fsbench::check_interrupted()?;
             os.read(id, at, 8192)?;
         }
         let iops = seeks as f64 / t.elapsed().as_secs_f64();

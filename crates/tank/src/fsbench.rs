@@ -115,6 +115,7 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
     if a.compare {
         return compare(a.json);
     }
+    crate::emulate::clean_up_on_signal();
     let recordsize = parse_size(&a.recordsize)?;
     if !(512..=(16 << 20)).contains(&recordsize)
         || (a.emulate.is_some() && !recordsize.is_power_of_two())

@@ -169,6 +169,22 @@ pub fn unmount_pool(pool: &str) -> Result<()> {
     Ok(())
 }
 
+/// Takes away every filesystem of a pool this process mounted, at once: unmounted if
+/// nothing is open on it, else detached (MNT_DETACH, gone from the namespace now, its session
+/// ending with the last open file). For an interrupted benchmark, not for user pools.
+pub fn detach_pool(pool: &str) {
+    let gone: Vec<Mounted> = {
+        let mut t = MOUNTS.lock();
+        let (gone, keep) = std::mem::take(&mut *t)
+            .into_iter()
+            .partition(|m| m.pool == pool);
+        *t = keep;
+        gone
+    };
+    // Dropping a handle unmounts it, or detaches it when busy.
+    drop(gone);
+}
+
 /// Unmounts `dataset` and its descendants if this process mounted them (before destroy,
 /// rollback or rename, as zfs does); returns what was mounted where, to remount.
 pub fn unmount_tree(dataset: &str) -> Result<Vec<(String, PathBuf)>> {

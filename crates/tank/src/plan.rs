@@ -266,6 +266,7 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
     }
     let arc = parse_size(&a.arc)?;
     crate::emulate::set_arc(arc)?;
+    crate::emulate::clean_up_on_signal();
     let size = match &a.size {
         Some(s) => parse_size(s)?,
         None => 4 * arc,

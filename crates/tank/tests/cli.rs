@@ -353,6 +353,109 @@ fn no_emulated_leftovers(env: &Env) {
 }
 
 #[test]
+fn an_interrupted_bench_removes_what_it_made() {
+    let env = Env::new();
+    std::fs::create_dir(env.path("target")).unwrap();
+    std::fs::write(env.path("target/keep"), b"user data").unwrap();
+    // Slow enough to be caught in the middle: a gigabit link, an emulated HDD, and (where
+    // FUSE mounts) an emulated SSD's filesystem with the benchmark's files open on it.
+    let mut cases = vec![
+        (
+            vec![
+                "bench", "target", "--size", "256M", "--link", "1gbe", "--runs", "1",
+            ],
+            env.path("target"),
+        ),
+        (
+            vec![
+                "bench",
+                "--emulate",
+                "1x hdd",
+                "--engine",
+                "--size",
+                "1G",
+                "--runs",
+                "1",
+            ],
+            env.path("data"),
+        ),
+    ];
+    if fuse_mountable() {
+        cases.push((
+            vec![
+                "bench",
+                "--emulate",
+                "1x ssd",
+                "--size",
+                "512M",
+                "--runs",
+                "1",
+            ],
+            env.path("data"),
+        ));
+    }
+    for (args, inside) in cases {
+        let child = Command::new(env!("CARGO_BIN_EXE_tank"))
+            .args(&args)
+            .env("TANK_DATA_DIR", env.path("data"))
+            .current_dir(env.dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let made = |p: &std::path::Path| {
+            std::fs::read_dir(p)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.starts_with(".tank-bench-") || n.starts_with("emulate-"))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while made(&inside).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{args:?} made nothing"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let killed = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was not interrupted: {err}");
+        assert!(err.contains("interrupted"), "{err}");
+        assert!(
+            made(&inside).is_empty(),
+            "{args:?} left {:?}",
+            made(&inside)
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let here = env.dir.path().to_string_lossy().into_owned();
+        assert!(
+            !mounts.lines().any(|l| l.contains(&here)),
+            "{args:?} left a mount: {mounts}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(env.path("target/keep")).unwrap(),
+        "user data"
+    );
+    let left: Vec<_> = std::fs::read_dir(env.path("target"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("keep")]);
+}
+
+#[test]
 fn bench_emulates_a_planned_build_at_the_engine_level() {
     let env = Env::new();
     let out = env.ok(&[
