@@ -613,12 +613,7 @@ impl FusePool {
 
 impl Drop for FusePool {
     fn drop(&mut self) {
-        if let Err(e) = unmount_pool(FUSE_POOL) {
-            eprintln!("warning: cannot unmount the bench filesystem: {e:#}");
-        }
-        if let Some((pool, _, _)) = self.open.take() {
-            let _ = pool.destroy();
-        }
+        crate::emulate::tear_down(FUSE_POOL, self.open.take().map(|o| o.0));
         remove_files(&self.names);
     }
 }

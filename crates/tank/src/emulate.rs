@@ -165,7 +165,13 @@ struct Mounted {
 }
 
 impl Mounted {
-    fn new(build: &EmulatedBuild, bytes: u64, recordsize: u32, run: usize) -> Result<Self> {
+    fn new(
+        build: &EmulatedBuild,
+        bytes: u64,
+        recordsize: u32,
+        primarycache: &str,
+        run: usize,
+    ) -> Result<Self> {
         let tmp = temp_dir("emulate", run)?;
         let pool = create_pool(build, device_size(build, bytes), &tmp.0)?;
         let (store, dsl) = open_datasets(&pool)?;
@@ -181,6 +187,7 @@ impl Mounted {
             props: vec![
                 ("compression".into(), "off".into()),
                 ("recordsize".into(), recordsize.to_string()),
+                ("primarycache".into(), primarycache.to_string()),
             ],
             parents: false,
         })?;
@@ -196,12 +203,18 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Err(e) = unmount_pool(POOL) {
-            eprintln!("warning: cannot unmount the emulated filesystem: {e:#}");
-        }
-        if let Some((pool, _, _)) = self.open.take() {
-            let _ = pool.destroy();
-        }
+        tear_down(POOL, self.open.take().map(|o| o.0));
+    }
+}
+
+/// Unmounts a benchmark pool's filesystems and destroys the pool (warning, not failing,
+/// when a filesystem cannot be unmounted).
+pub fn tear_down(name: &str, pool: Option<Arc<Pool>>) {
+    if let Err(e) = unmount_pool(name) {
+        eprintln!("warning: cannot unmount the benchmark's filesystem: {e:#}");
+    }
+    if let Some(pool) = pool {
+        let _ = pool.destroy();
     }
 }
 
@@ -212,18 +225,20 @@ pub fn set_arc(arc: u64) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--arc: {e}"))
 }
 
-/// The filesystem-level benchmark of `build`, one new pool per run; `progress` as
-/// `fsbench::run` reports it, over all runs.
+/// The filesystem-level benchmark of `build`, one new pool per run, the filesystem's
+/// `primarycache` as given (all, metadata, none); `progress` as `fsbench::run` reports it,
+/// over all runs.
 pub fn fs_runs(
     build: &EmulatedBuild,
     cfg: &FsBenchConfig,
+    primarycache: &str,
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<Vec<FsFigures>> {
     let mut out = Vec::new();
     let bytes = cfg.size + cfg.tree_files as u64 * 40_000 + cfg.files as u64 * 4096;
     let recordsize = u32::try_from(cfg.recordsize).context("record size")?;
     for run in 0..cfg.runs {
-        let m = Mounted::new(build, bytes, recordsize, run)?;
+        let m = Mounted::new(build, bytes, recordsize, primarycache, run)?;
         let one = FsBenchConfig {
             runs: 1,
             staging: Some(m.staging.clone()),

@@ -62,6 +62,9 @@ pub struct FsBenchArgs {
     /// With --emulate: the ARC of the emulated build.
     #[arg(long, default_value = "256M")]
     arc: String,
+    /// With --emulate: the bench filesystem's primarycache (all, metadata, none).
+    #[arg(long, default_value = "all")]
+    primarycache: String,
     /// A network link in front of the storage: 1gbe, 10gbe or 25gbe (its bandwidth shared by
     /// the jobs, a round trip per operation).
     #[arg(long)]
@@ -189,7 +192,7 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         let _ = std::io::stderr().flush();
     };
     let runs = match (&build, &a.path) {
-        (Some(build), _) => crate::emulate::fs_runs(build, &cfg, &mut progress)?,
+        (Some(build), _) => crate::emulate::fs_runs(build, &cfg, &a.primarycache, &mut progress)?,
         (None, Some(path)) => fsbench::run(path, &cfg, &mut progress)
             .with_context(|| format!("benchmark of {}", path.display()))?,
         (None, None) => unreachable!("a target was checked above"),

@@ -155,17 +155,19 @@ fn finish(mut m: Mounted) -> Result<()> {
     r.with_context(|| format!("cannot unmount {}", m.dir.display()))
 }
 
+/// Takes the mounts of `pool` out of this process's table.
+fn take_pool(pool: &str) -> Vec<Mounted> {
+    let mut t = MOUNTS.lock();
+    let (gone, keep) = std::mem::take(&mut *t)
+        .into_iter()
+        .partition(|m| m.pool == pool);
+    *t = keep;
+    gone
+}
+
 /// Unmounts every filesystem of a pool this process mounted (before export or destroy).
 pub fn unmount_pool(pool: &str) -> Result<()> {
-    let gone: Vec<Mounted> = {
-        let mut t = MOUNTS.lock();
-        let (gone, keep) = std::mem::take(&mut *t)
-            .into_iter()
-            .partition(|m| m.pool == pool);
-        *t = keep;
-        gone
-    };
-    finish_all(gone)?;
+    finish_all(take_pool(pool))?;
     Ok(())
 }
 
@@ -173,16 +175,8 @@ pub fn unmount_pool(pool: &str) -> Result<()> {
 /// nothing is open on it, else detached (MNT_DETACH, gone from the namespace now, its session
 /// ending with the last open file). For an interrupted benchmark, not for user pools.
 pub fn detach_pool(pool: &str) {
-    let gone: Vec<Mounted> = {
-        let mut t = MOUNTS.lock();
-        let (gone, keep) = std::mem::take(&mut *t)
-            .into_iter()
-            .partition(|m| m.pool == pool);
-        *t = keep;
-        gone
-    };
     // Dropping a handle unmounts it, or detaches it when busy.
-    drop(gone);
+    drop(take_pool(pool));
 }
 
 /// Unmounts `dataset` and its descendants if this process mounted them (before destroy,

@@ -70,6 +70,10 @@ pub struct PlanArgs {
     /// With --measure: the ARC of the emulated builds.
     #[arg(long, default_value = "64M")]
     arc: String,
+    /// With --measure: the bench filesystems' primarycache (all, metadata, none; the
+    /// reference build on 24 SSDs measured with none).
+    #[arg(long, default_value = "all")]
+    primarycache: String,
     /// With --measure: files of the small-file and tree phases.
     #[arg(long, default_value_t = 2000)]
     files: usize,
@@ -326,7 +330,7 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
                 last_len = line.len();
                 let _ = std::io::stderr().flush();
             };
-            let runs = crate::emulate::fs_runs(&build, &cfg, &mut progress)
+            let runs = crate::emulate::fs_runs(&build, &cfg, &a.primarycache, &mut progress)
                 .with_context(|| format!("measuring {what}"))?;
             let median = summarize(&runs).median;
             results.push(Measured {
