@@ -245,6 +245,9 @@ impl DeviceProfile {
                 {
                     return bad("an HDD needs rpm (1 to 30000) and a seek time under 100 ms");
                 }
+                if self.access_ms != 0.0 {
+                    return bad("access is for flash; an HDD's access is its seek and rotation");
+                }
             }
             _ => {
                 if !(self.read_iops > 0.0 && self.write_iops > 0.0) {
@@ -534,6 +537,7 @@ mod tests {
         assert!(DeviceProfile::parse("hdd:rpm=0").is_err());
         assert!(DeviceProfile::parse("ssd:riops=0").is_err());
         assert!(DeviceProfile::parse("ssd:access=-1").is_err());
+        assert!(DeviceProfile::parse("hdd:access=5").is_err());
         assert_eq!(
             DeviceProfile::parse("ssd:access=0.2ms").unwrap().access_ms,
             0.2
