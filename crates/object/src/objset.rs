@@ -59,6 +59,8 @@ const PREFETCH_MIN_BLOCKS: u64 = 16;
 const PREFETCH_MAX: usize = 1024;
 /// Streams an object set follows at once.
 const PREFETCH_STREAMS: usize = 64;
+/// How far from where a stream has got to a read may start and still continue it.
+const STREAM_SLACK: u64 = 4 << 20;
 /// Blocks one read call keeps in flight.
 const READ_PARALLEL: usize = 32;
 /// Items removed per tree operation batch while truncating.
@@ -918,8 +920,15 @@ impl ObjectSet {
         Ok(out)
     }
 
+    /// Blocks read ahead by sequential-stream prefetch and not used yet (for tests and
+    /// diagnostics).
+    pub fn prefetched_blocks(&self) -> usize {
+        self.prefetch.lock().blocks.len()
+    }
+
     /// Sequential-stream prefetch (ZFS's zfetch, simplified): a read that starts where the
-    /// previous read of the object ended starts reading the next `PREFETCH_BYTES`, so
+    /// previous reads of the object got to (within `STREAM_SLACK`, as zfetch accepts reads
+    /// within a stream's window) starts reading the next `PREFETCH_BYTES`, so
     /// the devices stay busy between the caller's requests. Prefetched reads are matched by
     /// block pointer when used, so a block rewritten since is never served stale.
     fn prefetch_after(
@@ -931,11 +940,21 @@ impl ObjectSet {
     ) -> Result<(), ObjectError> {
         let sequential = {
             let mut pf = self.prefetch.lock();
-            let seq = pf.streams.get(&obj) == Some(&offset);
-            if pf.streams.len() >= PREFETCH_STREAMS && !pf.streams.contains_key(&obj) {
+            let previous = pf.streams.get(&obj).copied();
+            // A read near where the stream has got to continues it: readers that keep
+            // several requests in flight (the kernel's readahead through FUSE, parallel
+            // jobs) deliver a stream's reads slightly out of order.
+            let seq = previous.is_some_and(|p| {
+                offset <= p.saturating_add(STREAM_SLACK) && offset.saturating_add(STREAM_SLACK) >= p
+            });
+            if pf.streams.len() >= PREFETCH_STREAMS && previous.is_none() {
                 pf.streams.clear();
             }
-            pf.streams.insert(obj, end);
+            let reached = match previous {
+                Some(p) if seq => p.max(end),
+                _ => end,
+            };
+            pf.streams.insert(obj, reached);
             seq
         };
         if !sequential {
