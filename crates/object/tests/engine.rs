@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::*;
 use tank_block::{ChecksumKind, Compression};
 use tank_device::{BlockDevice, DeviceRef, MemDevice, SimFleet};
-use tank_object::{ObjectStore, WritePolicy, ROOT_OBJSET};
+use tank_object::{ObjectSet, ObjectStore, WritePolicy, ROOT_OBJSET};
 use tank_pool::{CreateOptions, Pool};
 
 const DEV: u64 = 64 << 20;
@@ -258,6 +258,25 @@ fn file_larger_than_the_dirty_limit_streams_through_txgs() {
     assert_eq!(os.stat(id).unwrap().size, (1 << 40) + 4096);
 }
 
+/// A new object of `data` with records of `recordsize`, committed.
+fn synced_object(
+    store: &Arc<ObjectStore>,
+    os: &Arc<ObjectSet>,
+    data: &[u8],
+    recordsize: u32,
+) -> u64 {
+    let id = {
+        let tx = store.begin(0).unwrap();
+        os.create_object(&tx, 1, recordsize).unwrap()
+    };
+    {
+        let tx = store.begin(data.len() as u64).unwrap();
+        os.write(&tx, id, 0, data).unwrap();
+    }
+    store.sync().unwrap();
+    id
+}
+
 #[test]
 fn a_stream_read_slightly_out_of_order_is_still_read_ahead() {
     let (_mems, map) = mem_devices(3, DEV);
@@ -265,15 +284,7 @@ fn a_stream_read_slightly_out_of_order_is_still_read_ahead() {
     let os = store.objset(ROOT_OBJSET).unwrap();
     let mib = 1usize << 20;
     let data = bytes(&mut rng(11), 24 * mib, false);
-    let id = {
-        let tx = store.begin(0).unwrap();
-        os.create_object(&tx, 1, mib as u32).unwrap()
-    };
-    {
-        let tx = store.begin(data.len() as u64).unwrap();
-        os.write(&tx, id, 0, &data).unwrap();
-    }
-    store.sync().unwrap();
+    let id = synced_object(&store, &os, &data, mib as u32);
     // The first read starts no stream; the next starts a little past where it ended (a
     // reader with several requests in flight), and still continues it.
     assert_eq!(os.read(id, 0, 2 * mib).unwrap(), data[..2 * mib]);
@@ -297,15 +308,7 @@ fn prefetch_never_serves_stale_blocks() {
     let os = store.objset(ROOT_OBJSET).unwrap();
     let mib = 1usize << 20;
     let mut data = bytes(&mut rng(8), 24 * mib, false);
-    let id = {
-        let tx = store.begin(0).unwrap();
-        os.create_object(&tx, 1, mib as u32).unwrap()
-    };
-    {
-        let tx = store.begin(data.len() as u64).unwrap();
-        os.write(&tx, id, 0, &data).unwrap();
-    }
-    store.sync().unwrap();
+    let id = synced_object(&store, &os, &data, mib as u32);
     // Two sequential reads start a stream: blocks 4.. are read ahead.
     assert_eq!(os.read(id, 0, 2 * mib).unwrap(), data[..2 * mib]);
     assert_eq!(
