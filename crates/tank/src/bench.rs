@@ -50,7 +50,7 @@ use tank_device::DeviceRef;
 use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
 
-use crate::datadir::{human, parse_size};
+use crate::datadir::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 use crate::mounts::{mount_dataset, unmount_pool};
 use crate::pools::{open_datasets, open_device};
 
@@ -824,14 +824,8 @@ fn microbench() -> Vec<(String, f64)> {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let size = parse_size(&a.size)?;
-    let record = parse_size(&a.recordsize)?;
-    if !(512..=(16 << 20)).contains(&record) || !record.is_power_of_two() {
-        bail!(
-            "invalid record size '{}': a power of two from 512 to 16M",
-            a.recordsize
-        );
-    }
-    if a.fuse && record > 1 << 20 {
+    let record = u64::from(parse_recordsize(&a.recordsize, 16 << 20)?);
+    if a.fuse && record > DATASET_MAX_RECORD {
         bail!("with --fuse the record size is a dataset's recordsize: at most 1M");
     }
     if a.runs == 0 || a.devices == 0 {

@@ -31,7 +31,7 @@ use tank_object::arc::AdaptiveCache;
 use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::Pool;
 
-use crate::datadir::{data_dir, human, parse_size};
+use crate::datadir::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 use crate::emulate::{create_pool, TempDir};
 
 #[derive(Args)]
@@ -272,10 +272,7 @@ pub fn run(a: CacheBenchArgs) -> Result<()> {
     let p = Params {
         arc: parse_size(&a.arc)?,
         ws: parse_size(&a.working_set)?,
-        recordsize: u32::try_from(parse_size(&a.recordsize)?)
-            .ok()
-            .filter(|r| r.is_power_of_two() && (512..=1 << 20).contains(r))
-            .ok_or_else(|| anyhow::anyhow!("invalid record size '{}'", a.recordsize))?,
+        recordsize: parse_recordsize(&a.recordsize, DATASET_MAX_RECORD)?,
         read: parse_size(&a.read)?.max(512),
         threads: a.threads.clamp(1, 64),
         seconds: a.seconds,

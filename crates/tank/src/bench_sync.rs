@@ -26,7 +26,7 @@ use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::Pool;
 
 use crate::bench_cache::run_threads;
-use crate::datadir::{data_dir, human, parse_size};
+use crate::datadir::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 use crate::emulate::{create_pool, TempDir};
 
 #[derive(Args)]
@@ -145,10 +145,7 @@ pub fn run(a: SyncBenchArgs) -> Result<()> {
     crate::emulate::clean_up_on_signal();
     let p = Params {
         file: parse_size(&a.file)?,
-        recordsize: u32::try_from(parse_size(&a.recordsize)?)
-            .ok()
-            .filter(|r| r.is_power_of_two() && (512..=1 << 20).contains(r))
-            .ok_or_else(|| anyhow::anyhow!("invalid record size '{}'", a.recordsize))?,
+        recordsize: parse_recordsize(&a.recordsize, DATASET_MAX_RECORD)?,
         write: parse_size(&a.write)?.max(512),
         threads: a.threads.clamp(1, 64),
         seconds: a.seconds,

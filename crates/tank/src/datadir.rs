@@ -86,6 +86,21 @@ pub fn parse_size(s: &str) -> Result<u64> {
     tank_dataset::props::parse_size(s, false).map_err(|e| anyhow::anyhow!(e))
 }
 
+/// The largest record size of a dataset (and so of anything measured through one).
+pub const DATASET_MAX_RECORD: u64 = 1 << 20;
+
+/// A record size for the benchmarks: a power of two from 512 bytes to `max`.
+pub fn parse_recordsize(s: &str, max: u64) -> Result<u32> {
+    let r = parse_size(s)?;
+    if !r.is_power_of_two() || !(512..=max).contains(&r) {
+        anyhow::bail!(
+            "invalid record size '{s}': a power of two from 512 to {}",
+            human(max)
+        );
+    }
+    Ok(r as u32)
+}
+
 /// Formats bytes as zpool does: 1.50G, 512M, 4K (bytes below 1K without a unit).
 pub fn human(bytes: u64) -> String {
     if bytes < 1024 {

@@ -16,7 +16,7 @@ use tank_bench::emulate::EmulatedBuild;
 use tank_bench::fsbench::{self, FsBenchConfig, Summary, FIGURE_NAMES};
 use tank_bench::link::{Link, LinkProfile};
 
-use crate::datadir::{data_dir, human, parse_size};
+use crate::datadir::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 
 #[derive(Args)]
 pub struct FsBenchArgs {
@@ -119,11 +119,15 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         return compare(a.json);
     }
     crate::emulate::clean_up_on_signal();
-    let recordsize = parse_size(&a.recordsize)?;
-    if !(512..=(16 << 20)).contains(&recordsize)
-        || (a.emulate.is_some() && !recordsize.is_power_of_two())
-    {
-        bail!("record size must be from 512 to 16M (a power of two for a dataset)");
+    // A dataset's record size through FUSE; the engine level takes up to 16M; any request
+    // size for a directory.
+    let recordsize = match (&a.emulate, a.engine) {
+        (Some(_), false) => u64::from(parse_recordsize(&a.recordsize, DATASET_MAX_RECORD)?),
+        (Some(_), true) => u64::from(parse_recordsize(&a.recordsize, 16 << 20)?),
+        (None, _) => parse_size(&a.recordsize)?,
+    };
+    if !(512..=(16 << 20)).contains(&recordsize) {
+        bail!("record size must be from 512 to 16M");
     }
     let build = match &a.emulate {
         Some(spec) => {

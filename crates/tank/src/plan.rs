@@ -22,7 +22,7 @@ use tank_bench::plan::{
 use tank_bench::profile::parse_quantity;
 use tank_bench::{Assessment, DeviceProfile, Layout, PlanInput, VdevType, Workload};
 
-use crate::datadir::{human, parse_size};
+use crate::datadir::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -258,16 +258,14 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
     let recordsizes: Vec<u64> = match &a.recordsizes {
         Some(list) => list
             .split(',')
-            .map(|r| parse_size(r.trim()))
+            .map(|r| parse_recordsize(r.trim(), DATASET_MAX_RECORD).map(u64::from))
             .collect::<Result<_>>()?,
-        None if input.recordsize == 1 << 20 => vec![input.recordsize],
-        None => vec![input.recordsize, 1 << 20],
+        None if input.recordsize == DATASET_MAX_RECORD => vec![input.recordsize],
+        None => vec![
+            u64::from(parse_recordsize(&a.recordsize, DATASET_MAX_RECORD)?),
+            DATASET_MAX_RECORD,
+        ],
     };
-    for &r in &recordsizes {
-        if !(512..=(16 << 20)).contains(&r) || !r.is_power_of_two() {
-            bail!("record size {r}: give a power of two from 512 to 16M");
-        }
-    }
     let arc = parse_size(&a.arc)?;
     crate::emulate::set_arc(arc)?;
     crate::emulate::clean_up_on_signal();
