@@ -159,8 +159,9 @@ impl WritePolicy {
     }
 }
 
-/// An object's header as stored at `(obj, HEADER, 0)` (40 bytes, LE): type u8, 3 zero bytes,
-/// block_size u32, size u64, created_txg u64, modified_txg u64, reserved u64.
+/// An object's header as stored at `(obj, HEADER, 0)` (40 bytes, LE): type u8, flags u8,
+/// 2 zero bytes, block_size u32, size u64, created_txg u64, modified_txg u64, data_bytes u64
+/// (meaningful when flag `HEADER_DATA_BYTES` is set; zero otherwise).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct ObjectInfo {
     pub id: u64,
@@ -169,7 +170,14 @@ pub struct ObjectInfo {
     pub size: u64,
     pub created_txg: u64,
     pub modified_txg: u64,
+    /// Bytes the object's data blocks hold, before compression: each block counts its
+    /// length trimmed of trailing zeros and rounded up to 512; holes count nothing. `None`
+    /// for an object whose header predates the count (it is not known without a walk).
+    pub data_bytes: Option<u64>,
 }
+
+/// Header flag: `data_bytes` is kept.
+const HEADER_DATA_BYTES: u8 = 1;
 
 impl ObjectInfo {
     fn encode(&self) -> Vec<u8> {
@@ -179,6 +187,10 @@ impl ObjectInfo {
         b[8..16].copy_from_slice(&self.size.to_le_bytes());
         b[16..24].copy_from_slice(&self.created_txg.to_le_bytes());
         b[24..32].copy_from_slice(&self.modified_txg.to_le_bytes());
+        if let Some(n) = self.data_bytes {
+            b[1] = HEADER_DATA_BYTES;
+            b[32..40].copy_from_slice(&n.to_le_bytes());
+        }
         b
     }
 
@@ -201,7 +213,15 @@ impl ObjectInfo {
             size: u64_at(8),
             created_txg: u64_at(16),
             modified_txg: u64_at(24),
+            data_bytes: (b[1] & HEADER_DATA_BYTES != 0).then(|| u64_at(32)),
         })
+    }
+
+    /// Adds a change of the data blocks' bytes (from `put_block` or a removal).
+    fn count_data(&mut self, delta: i64) {
+        if let Some(n) = self.data_bytes.as_mut() {
+            *n = n.saturating_add_signed(delta);
+        }
     }
 }
 
@@ -445,7 +465,7 @@ impl ObjectSet {
     pub(crate) fn replay_set(&self, k: Key, value: Option<Value>) -> Result<(), ObjectError> {
         let _w = self.write_lock.lock();
         match value {
-            None => self.tree_remove(&k),
+            None => self.tree_remove(&k).map(drop),
             Some(v) => {
                 if let Value::Block(r) = &v {
                     if let Some(bp) = r.bp() {
@@ -454,7 +474,7 @@ impl ObjectSet {
                     }
                     self.open_created.lock().push(r.clone());
                 }
-                self.tree_insert(k, v)
+                self.tree_insert(k, v).map(drop)
             }
         }
     }
@@ -524,12 +544,13 @@ impl ObjectSet {
         self.syncing_context();
         Self::check_item(kind, value)?;
         self.tree_insert(key(obj, kind, offset), Self::inline(value))
+            .map(drop)
     }
 
     /// Removes an item of the meta object set (syncing context only).
     pub fn remove_item_syncing(&self, obj: u64, kind: u8, offset: u64) -> Result<(), ObjectError> {
         self.syncing_context();
-        self.tree_remove(&key(obj, kind, offset))
+        self.tree_remove(&key(obj, kind, offset)).map(drop)
     }
 
     fn check_item(kind: u8, value: &[u8]) -> Result<(), ObjectError> {
@@ -580,25 +601,28 @@ impl ObjectSet {
         Ok(self.tree.lock().get(&self.store(), k)?)
     }
 
-    fn tree_insert(&self, k: Key, v: Value) -> Result<(), ObjectError> {
+    /// Inserts or replaces; returns the logical length of the value replaced (0 if none).
+    fn tree_insert(&self, k: Key, v: Value) -> Result<u64, ObjectError> {
         let old = self.tree.lock().insert(&self.store(), k, v)?;
         self.dirty.store(true, Ordering::Release);
-        self.retire(old);
-        Ok(())
+        Ok(self.retire(old))
     }
 
-    fn tree_remove(&self, k: &Key) -> Result<(), ObjectError> {
+    /// Removes; returns the logical length of the value removed (0 if none).
+    fn tree_remove(&self, k: &Key) -> Result<u64, ObjectError> {
         let old = self.tree.lock().remove(&self.store(), k)?;
         self.dirty.store(true, Ordering::Release);
-        self.retire(old);
-        Ok(())
+        Ok(self.retire(old))
     }
 
     /// A replaced data block is freed by the sync of the open txg (if it was ever written).
-    fn retire(&self, old: Option<Value>) {
+    /// Returns the old value's logical length.
+    fn retire(&self, old: Option<Value>) -> u64 {
+        let len = old.as_ref().map_or(0, Value::logical_len);
         if let Some(Value::Block(r)) = old {
             self.open_frees.lock().push(r);
         }
+        len
     }
 
     fn inline(bytes: &[u8]) -> Value {
@@ -736,6 +760,7 @@ impl ObjectSet {
             size: 0,
             created_txg: tx.txg,
             modified_txg: tx.txg,
+            data_bytes: Some(0),
         };
         self.tree_insert(key(id, KIND_HEADER, 0), Self::inline(&info.encode()))?;
         self.log(
@@ -761,6 +786,7 @@ impl ObjectSet {
 
     fn put_info(&self, info: &ObjectInfo) -> Result<(), ObjectError> {
         self.tree_insert(key(info.id, KIND_HEADER, 0), Self::inline(&info.encode()))
+            .map(drop)
     }
 
     /// Object ids in use, in order, starting at `from`, at most `limit`.
@@ -798,21 +824,22 @@ impl ObjectSet {
         }
     }
 
-    /// Stores block `blkid` with `data` (already trimmed to the object size); zeros become a hole.
-    /// Stores block `blkid` (a hole when all zeros); returns what the tree now holds there.
+    /// Stores block `blkid` with `data` (already trimmed to the object size; a hole when all
+    /// zeros); returns what the tree now holds there and the change of the object's
+    /// `data_bytes`.
     fn put_block(
         &self,
         obj: u64,
         blkid: u64,
         mut data: Vec<u8>,
-    ) -> Result<Option<Value>, ObjectError> {
+    ) -> Result<(Option<Value>, i64), ObjectError> {
         let k = key(obj, KIND_DATA, blkid);
         while data.last() == Some(&0) {
             data.pop();
         }
         if data.is_empty() {
-            self.tree_remove(&k)?;
-            return Ok(None);
+            let old = self.tree_remove(&k)?;
+            return Ok((None, -(old as i64)));
         }
         // Pad to a whole 512-byte unit so compression and sector rounding see the same size.
         let padded = data.len().div_ceil(512) * 512;
@@ -824,8 +851,8 @@ impl ObjectSet {
             self.open_created.lock().push(r.clone());
             Value::Block(r)
         };
-        self.tree_insert(k, v.clone())?;
-        Ok(Some(v))
+        let old = self.tree_insert(k, v.clone())?;
+        Ok((Some(v), padded as i64 - old as i64))
     }
 
     /// Reads up to `len` bytes at `offset`; short at the end of the object. The blocks of a
@@ -1026,7 +1053,8 @@ impl ObjectSet {
                 buf[in_block..in_block + n].copy_from_slice(&data[src..src + n]);
                 buf
             };
-            let v = self.put_block(obj, blkid, buf)?;
+            let (v, delta) = self.put_block(obj, blkid, buf)?;
+            info.count_data(delta);
             if large {
                 blocks.push((blkid, v));
             }
@@ -1066,12 +1094,14 @@ impl ObjectSet {
         let bs = u64::from(info.block_size);
         if size < info.size {
             let first_gone = size.div_ceil(bs);
-            self.remove_data_from(obj, first_gone)?;
+            let removed = self.remove_data_from(obj, first_gone)?;
+            info.count_data(-(removed as i64));
             if !size.is_multiple_of(bs) {
                 let blkid = size / bs;
                 if let Some(mut b) = self.read_block(obj, blkid)? {
                     b.truncate((size % bs) as usize);
-                    self.put_block(obj, blkid, b)?;
+                    let (_, delta) = self.put_block(obj, blkid, b)?;
+                    info.count_data(delta);
                 }
             }
         }
@@ -1082,22 +1112,25 @@ impl ObjectSet {
         Ok(())
     }
 
-    fn remove_data_from(&self, obj: u64, first: u64) -> Result<(), ObjectError> {
+    /// Removes the data blocks from `first` on; returns the bytes they held.
+    fn remove_data_from(&self, obj: u64, first: u64) -> Result<u64, ObjectError> {
         self.remove_range(key(obj, KIND_DATA, first), key(obj, KIND_DATA + 1, 0))
     }
 
-    /// Removes every item with `start <= key < end`, in batches.
-    fn remove_range(&self, start: Key, end: Key) -> Result<(), ObjectError> {
+    /// Removes every item with `start <= key < end`, in batches; returns the logical bytes
+    /// they held.
+    fn remove_range(&self, start: Key, end: Key) -> Result<u64, ObjectError> {
+        let mut removed = 0;
         loop {
             let items = self
                 .tree
                 .lock()
                 .range(&self.store(), &start, &end, TRUNCATE_BATCH)?;
             if items.is_empty() {
-                return Ok(());
+                return Ok(removed);
             }
             for (k, _) in items {
-                self.tree_remove(&k)?;
+                removed += self.tree_remove(&k)?;
             }
         }
     }

@@ -219,6 +219,14 @@ impl Value {
     pub fn inline(bytes: &[u8]) -> Value {
         Value::Inline(Arc::from(bytes))
     }
+
+    /// Bytes the value holds before compression.
+    pub fn logical_len(&self) -> u64 {
+        match self {
+            Value::Inline(b) => b.len() as u64,
+            Value::Block(r) => r.logical_len(),
+        }
+    }
 }
 
 /// A reference to a separately stored data block: either not yet written (bytes in memory) or
@@ -310,6 +318,15 @@ impl BlockRef {
 
     pub fn bp(&self) -> Option<BlockPtr> {
         self.bp.get().copied()
+    }
+
+    /// Bytes the block holds before compression. The pointer is looked at first: once set
+    /// it never changes, and the in-memory bytes are released only after it is set.
+    pub fn logical_len(&self) -> u64 {
+        match self.bp.get() {
+            Some(bp) => u64::from(bp.lsize),
+            None => self.data.lock().as_ref().map_or(0, |d| d.len() as u64),
+        }
     }
 
     /// In-memory bytes if not yet written, or written but not yet released (see

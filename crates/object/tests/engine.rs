@@ -336,3 +336,57 @@ fn prefetch_never_serves_stale_blocks() {
         off += 2 * mib;
     }
 }
+
+#[test]
+fn data_bytes_count_what_the_blocks_hold_through_writes_holes_truncates_and_import() {
+    let (mems, map) = mem_devices(3, DEV);
+    let (pool, store) = create("raidz1 m0 m1 m2", &map, 12);
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let k = 1u64 << 10;
+    let write = |id: u64, off: u64, data: &[u8]| {
+        let tx = store.begin(data.len() as u64).unwrap();
+        os.write(&tx, id, off, data).unwrap();
+    };
+    let held = |id: u64| os.stat(id).unwrap().data_bytes.unwrap();
+    let id = {
+        let tx = store.begin(0).unwrap();
+        os.create_object(&tx, 1, 128 * k as u32).unwrap()
+    };
+    assert_eq!(held(id), 0);
+    // 100 bytes at 1 MiB: one block of 512 (rounded up), the megabyte before it a hole.
+    write(id, 1 << 20, &[9u8; 100]);
+    assert_eq!(held(id), 512);
+    // A whole block far away, then a partial block whose tail is zeros.
+    write(id, 8 << 20, &vec![3u8; 128 * k as usize]);
+    let mut tail = vec![5u8; 1000];
+    tail.extend_from_slice(&[0u8; 3000]);
+    write(id, 4 << 20, &tail);
+    assert_eq!(held(id), 512 + 128 * k + 1024);
+    store.sync().unwrap();
+    // Written blocks count the same as dirty ones: rewriting one of them changes nothing.
+    write(id, 8 << 20, &vec![4u8; 128 * k as usize]);
+    assert_eq!(held(id), 512 + 128 * k + 1024);
+    // Zeros over a whole block punch it out.
+    write(id, 8 << 20, &vec![0u8; 128 * k as usize]);
+    assert_eq!(held(id), 512 + 1024);
+    // Truncation drops the blocks past the end and trims the last one.
+    {
+        let tx = store.begin(0).unwrap();
+        os.truncate(&tx, id, (4 << 20) + 600).unwrap();
+    }
+    assert_eq!(held(id), 512 + 1024);
+    {
+        let tx = store.begin(0).unwrap();
+        os.truncate(&tx, id, (4 << 20) + 300).unwrap();
+    }
+    assert_eq!(held(id), 512 + 512);
+    store.sync().unwrap();
+    drop(os);
+    drop(store);
+    pool.export().unwrap();
+    drop(pool);
+    drop(map);
+    let (_pool, store) = import_devs(&as_refs(&mems), false).unwrap();
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    assert_eq!(os.stat(id).unwrap().data_bytes, Some(1024));
+}

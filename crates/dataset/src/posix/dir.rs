@@ -18,7 +18,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use super::format::*;
-use super::fs::{attr_of, check_name, is_dot, Fate, Fs, Locked, FREE_NOW_BLOCKS, META_CHARGE};
+use super::fs::{check_name, is_dot, Fate, Fs, Locked, FREE_NOW_BLOCKS, META_CHARGE};
 use super::perm::{self, MAY_EXEC, MAY_READ, MAY_WRITE};
 use super::types::*;
 use crate::errno::Errno;
@@ -125,7 +125,7 @@ impl Fs {
         };
         let node = self.node(ino);
         let slot = self.lock(&node)?;
-        Ok(attr_of(ino, slot.inode()))
+        self.attr_of(ino, slot.inode())
     }
 
     pub(super) fn mknod_impl(
@@ -317,7 +317,7 @@ impl Fs {
             self.put_inode(tx, parent, l.get(parent))?;
             Ok((ino, inode))
         })?;
-        let a = attr_of(ino, &inode);
+        let a = self.attr_of(ino, &inode)?;
         self.cache.insert_new(ino, inode, open);
         Ok(a)
     }
@@ -395,7 +395,7 @@ impl Fs {
             i.ctime = now;
             self.put_inodes(tx, l, &[newparent, ino])
         })?;
-        Ok(attr_of(ino, locked.get(ino)))
+        self.attr_of(ino, locked.get(ino))
     }
 
     /// unlink (`dir` false) and rmdir (`dir` true).

@@ -149,10 +149,12 @@ pub(super) fn is_dot(name: &[u8]) -> bool {
     name == b"." || name == b".."
 }
 
-/// What `getattr` shows for an inode record.
-pub(super) fn attr_of(ino: Ino, i: &Inode) -> Attr {
+/// What `getattr` shows for an inode record. `data_bytes` is what a regular file's object
+/// holds in data blocks (`None`: not known, the size stands in).
+pub(super) fn attr_with(ino: Ino, i: &Inode, data_bytes: Option<u64>) -> Attr {
     let blocks = match i.kind {
-        FileKind::File | FileKind::Symlink => i.size.div_ceil(512),
+        FileKind::File => data_bytes.unwrap_or(i.size).div_ceil(512),
+        FileKind::Symlink => i.size.div_ceil(512),
         FileKind::Dir => 1 + i.size.div_ceil(16),
         _ => 0,
     };
@@ -501,12 +503,22 @@ impl Fs {
         self.update_inode(node.ino, &mut slot, inode, 0, |_| Ok(()))
     }
 
+    /// What `getattr` shows for inode `ino` whose record is `i`: a regular file's blocks
+    /// are what its object's data blocks hold (holes count nothing).
+    pub(super) fn attr_of(&self, ino: Ino, i: &Inode) -> Result<Attr> {
+        let data_bytes = match i.kind {
+            FileKind::File => self.objset.stat(ino)?.data_bytes,
+            _ => None,
+        };
+        Ok(attr_with(ino, i, data_bytes))
+    }
+
     // ---- the API ----
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let node = self.node(ino);
         let slot = self.lock(&node)?;
-        Ok(attr_of(ino, slot.inode()))
+        self.attr_of(ino, slot.inode())
     }
 
     /// Looks `name` up in `parent` (search permission needed); "." and ".." too.
@@ -795,7 +807,7 @@ impl Fs {
             })?;
         }
         slot.open += 1;
-        Ok(attr_of(ino, slot.inode()))
+        self.attr_of(ino, slot.inode())
     }
 
     fn write_impl(
@@ -943,7 +955,7 @@ impl Fs {
             || set.atime.is_some()
             || set.mtime.is_some();
         if !changes {
-            return Ok(attr_of(ino, &cur));
+            return self.attr_of(ino, &cur);
         }
         self.writable()?;
         let owner = perm::owner_or_root(cred, &cur);
@@ -1024,7 +1036,7 @@ impl Fs {
             new.ctime = now;
         }
         if new == cur {
-            return Ok(attr_of(ino, &cur));
+            return self.attr_of(ino, &cur);
         }
         if let Some(size) = resize {
             self.shrink_in_steps(ino, &mut slot, size)?;
@@ -1035,6 +1047,6 @@ impl Fs {
             }
             Ok(())
         })?;
-        Ok(attr_of(ino, slot.inode()))
+        self.attr_of(ino, slot.inode())
     }
 }

@@ -109,7 +109,8 @@ pub struct Attr {
     pub rdev: u32,
     /// Bytes (for a symlink: the target's length; for a directory: its entry count).
     pub size: u64,
-    /// Space used, in 512-byte units.
+    /// Space used, in 512-byte units: for a regular file, what its data blocks hold before
+    /// compression (holes count nothing; a block counts up to its last non-zero byte).
     pub blocks: u64,
     /// Preferred I/O size: the file's record size.
     pub blksize: u32,

@@ -467,6 +467,21 @@ pub fn fsck_objset(fs: &Fs, objset: &tank_object::ObjectSet, live: bool) -> Resu
                                 data.len()
                             ));
                         }
+                        // st_blocks: each block's bytes up to its last non-zero one, in
+                        // 512-byte units; all-zero blocks are holes.
+                        let held: u64 = data
+                            .chunks(a.blksize as usize)
+                            .map(|b| {
+                                let n = b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1);
+                                n.div_ceil(512) as u64
+                            })
+                            .sum();
+                        if a.blocks != held {
+                            return Err(format!(
+                                "file {ino}: st_blocks {} but its data blocks hold {held}",
+                                a.blocks
+                            ));
+                        }
                         Content::File(data)
                     }
                     FileKind::Symlink => {
