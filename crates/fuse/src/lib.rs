@@ -9,6 +9,11 @@
 //! returns. Reads and writes of up to 1 MiB pass through in one request, with no copy
 //! beyond the one fuser makes of the kernel's buffer.
 //!
+//! Where the kernel offers FUSE over io_uring (Linux 6.14+, module parameter
+//! `enable_uring`), requests come instead through per-CPU rings served by a thread pinned
+//! to each CPU (`ring.rs`), so a caller and the thread serving it share a CPU; fuser's
+//! readers stay for what the kernel still sends through /dev/fuse.
+//!
 //! The root of the mount holds a virtual, read-only `.tank` directory, hidden from
 //! `readdir` (as ZFS's `.zfs` with `snapdir=hidden`) but reachable by name. Its
 //! `snapshot/` lists the snapshots a `SnapshotSource` offers; `.tank/snapshot/<name>/` is
@@ -17,7 +22,7 @@
 //! (`nodes.rs`: 16 bits of filesystem slot above 48 bits of inode number).
 //!
 //! Modules: `options` (MountOptions, MountError), `mount` (mount(2), the session thread,
-//! unmount), `server` (the operations), `nodes` (node ids, snapshot slots), `cred`
+//! unmount), `server` (the operations), `ring` (the io_uring transport), `nodes` (node ids, snapshot slots), `cred`
 //! (caller credentials with supplementary groups), `attr` (conversions).
 
 mod attr;
@@ -25,6 +30,7 @@ mod cred;
 mod mount;
 mod nodes;
 mod options;
+mod ring;
 mod server;
 
 use std::sync::Arc;
@@ -34,6 +40,7 @@ use tank_dataset::posix::Fs;
 pub use mount::{mount, unmount, MountHandle, Unmounter, FS_TYPE, FUSE_DEVICE};
 pub use nodes::{INO_BITS, SNAPSHOT_SLOTS};
 pub use options::{MountError, MountOptions, WritebackCache};
+pub use ring::kernel_offers as io_uring_offered;
 pub use server::{CONTROL_NAME, SNAPSHOT_DIR_NAME};
 
 /// The snapshots of the mounted dataset, as `.tank/snapshot` shows them.

@@ -37,8 +37,12 @@ use tank_dataset::posix::{Fs, ROOT_INO};
 use tank_dataset::Errno;
 
 use crate::options::{MountError, MountOptions};
-use crate::server::Server;
+use crate::server::{Server, MAX_IO_BYTES};
 use crate::SnapshotSource;
+
+/// A ring entry's payload buffer must hold the largest request or reply: max_write and
+/// max_pages pages, both 1 MiB here; a page more in case the kernel rounds.
+const RING_PAYLOAD_SLACK: u32 = 4096;
 
 pub const FUSE_DEVICE: &str = "/dev/fuse";
 /// The filesystem type shown by `mount` (`fuse` with our subtype).
@@ -54,6 +58,8 @@ struct SessionEnd {
 pub struct MountHandle {
     dir: PathBuf,
     session: Option<JoinHandle<SessionEnd>>,
+    /// Requests come through the kernel's io_uring queues (`ring.rs`).
+    io_uring: bool,
 }
 
 /// Unmounts a `MountHandle`'s filesystem from another thread (e.g. a signal handler's),
@@ -83,6 +89,12 @@ impl MountHandle {
     /// The mount point (canonical).
     pub fn mountpoint(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether requests come through the kernel's per-CPU io_uring queues rather than
+    /// reads of /dev/fuse.
+    pub fn io_uring(&self) -> bool {
+        self.io_uring
     }
 
     /// Whether the session still runs (false once unmounted, by anyone).
@@ -358,7 +370,26 @@ pub fn mount(
         },
     })?;
 
-    let server = Server::new(fs.clone(), snapshots, opts);
+    // The rings exist before INIT asks for them: once the kernel grants io_uring, requests
+    // wait until every queue has an entry.
+    let rings = if opts.io_uring && crate::ring::kernel_offers() {
+        crate::ring::Rings::prepare((MAX_IO_BYTES + RING_PAYLOAD_SLACK) as usize)
+            .ok()
+            .filter(|r| r.queues() > 0)
+    } else {
+        None
+    };
+    let ring_device = match &rings {
+        Some(_) => device.try_clone().ok().map(|f| Arc::new(OwnedFd::from(f))),
+        None => None,
+    };
+    let server = Server::new(
+        fs.clone(),
+        snapshots,
+        opts,
+        rings.is_some() && ring_device.is_some(),
+    );
+    let granted = server.uring.clone();
     let mut config = Config::default();
     config.n_threads = Some(opts.thread_count());
     config.clone_fd = true;
@@ -375,10 +406,18 @@ pub fn mount(
             return Err(MountError::Session { dir, source });
         }
     };
+    let uring = match (rings, ring_device) {
+        (Some(r), Some(d)) if granted.load(std::sync::atomic::Ordering::Acquire) => Some((r, d)),
+        _ => None,
+    };
+    let io_uring = uring.is_some();
     let thread = std::thread::Builder::new()
         .name("tank-fuse".into())
         .spawn(move || {
-            let run = session.run();
+            let run = match uring {
+                Some((rings, device)) => session.run_with(|d| rings.start(device, d)),
+                None => session.run(),
+            };
             let sync = fs.sync_all();
             SessionEnd { run, sync }
         });
@@ -393,6 +432,7 @@ pub fn mount(
     Ok(MountHandle {
         dir,
         session: Some(thread),
+        io_uring,
     })
 }
 

@@ -33,6 +33,9 @@ pub struct MountOptions {
     pub writeback_cache: WritebackCache,
     /// Threads reading the kernel's queue; `None` = one per CPU, at least 2.
     pub threads: Option<usize>,
+    /// Take requests through the kernel's per-CPU io_uring queues when it offers them
+    /// (Linux 6.14+ with `/sys/module/fuse/parameters/enable_uring` on).
+    pub io_uring: bool,
     /// How long the kernel may cache names and attributes of the live filesystem. Every
     /// change made through this mount invalidates what it changes; the TTL bounds how long
     /// a change made past the mount (another front end on the same dataset) stays unseen.
@@ -58,6 +61,7 @@ impl MountOptions {
             sync: SyncMode::Standard,
             writeback_cache: WritebackCache::Auto,
             threads: None,
+            io_uring: true,
             attr_ttl: Duration::from_secs(1),
             snapshot_ttl: Duration::from_secs(3600),
             allow_other: true,

@@ -85,7 +85,7 @@ pub const CONTROL_NAME: &str = ".tank";
 pub const SNAPSHOT_DIR_NAME: &str = "snapshot";
 
 /// Largest write the kernel may send in one request, and the readahead we ask for.
-const MAX_IO_BYTES: u32 = 1 << 20;
+pub(crate) const MAX_IO_BYTES: u32 = 1 << 20;
 /// Background requests (readahead, writeback) the kernel may have in flight.
 const MAX_BACKGROUND: u16 = 64;
 /// Smallest `fuse_dirent` (24-byte header, name padded to 8) and `fuse_direntplus`
@@ -128,6 +128,10 @@ pub(crate) struct Server {
     /// Negotiated with the kernel at init.
     writeback: bool,
     killpriv_v2: bool,
+    /// Whether to ask for FUSE over io_uring (its rings are ready), and whether INIT
+    /// granted it (read by `mount` once INIT is done).
+    want_uring: bool,
+    pub(crate) uring: Arc<std::sync::atomic::AtomicBool>,
     /// Times of the virtual directories.
     started: SystemTime,
 }
@@ -137,6 +141,7 @@ impl Server {
         live: Arc<Fs>,
         snapshots: Option<Arc<dyn SnapshotSource>>,
         opts: &MountOptions,
+        want_uring: bool,
     ) -> Server {
         Server {
             slots: Slots::new(live),
@@ -148,6 +153,8 @@ impl Server {
             want_writeback: opts.wants_writeback(),
             writeback: false,
             killpriv_v2: false,
+            want_uring,
+            uring: Arc::default(),
             started: SystemTime::now(),
         }
     }
@@ -774,6 +781,9 @@ impl Filesystem for Server {
         ask(InitFlags::FUSE_ASYNC_DIO);
         self.killpriv_v2 = ask(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         self.writeback = self.want_writeback && ask(InitFlags::FUSE_WRITEBACK_CACHE);
+        if self.want_uring && ask(InitFlags::FUSE_OVER_IO_URING) {
+            self.uring.store(true, std::sync::atomic::Ordering::Release);
+        }
         let _ = config.set_max_write(MAX_IO_BYTES);
         if let Err(most) = config.set_max_readahead(MAX_IO_BYTES) {
             let _ = config.set_max_readahead(most);

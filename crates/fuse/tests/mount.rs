@@ -48,6 +48,49 @@ fn mount_errors_are_clear() {
     );
 }
 
+/// Writes, reads back, renames and removes files through `m`, large and small.
+fn exercise(m: &Mounted) {
+    let big: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    fs::write(m.p("big"), &big).unwrap();
+    fs::create_dir(m.p("d")).unwrap();
+    for i in 0..200 {
+        fs::write(m.p(&format!("d/f{i}")), vec![i as u8; i * 7]).unwrap();
+    }
+    assert_eq!(fs::read_dir(m.p("d")).unwrap().count(), 200);
+    for i in 0..200 {
+        assert_eq!(
+            fs::read(m.p(&format!("d/f{i}"))).unwrap(),
+            vec![i as u8; i * 7]
+        );
+        fs::remove_file(m.p(&format!("d/f{i}"))).unwrap();
+    }
+    fs::remove_dir(m.p("d")).unwrap();
+    fs::rename(m.p("big"), m.p("big2")).unwrap();
+    File::open(m.p("big2")).unwrap().sync_all().unwrap();
+    assert_eq!(fs::read(m.p("big2")).unwrap(), big);
+    assert_errno(fs::read(m.p("big")), ENOENT);
+}
+
+#[test]
+fn requests_come_over_io_uring_where_the_kernel_offers_it_and_dev_fuse_otherwise() {
+    require_fuse!();
+    // The default: the kernel's io_uring queues when it offers them.
+    let m = mounted();
+    let handle = m.handle.as_ref().unwrap();
+    assert_eq!(handle.io_uring(), tank_fuse::io_uring_offered());
+    if !handle.io_uring() {
+        eprintln!("the kernel does not offer FUSE over io_uring here: /dev/fuse only");
+    }
+    exercise(&m);
+    drop(m);
+    // Asked not to: /dev/fuse, whatever the kernel offers.
+    let mut setup = Setup::default();
+    setup.opts.io_uring = false;
+    let m = setup.mount();
+    assert!(!m.handle.as_ref().unwrap().io_uring());
+    exercise(&m);
+}
+
 #[test]
 fn unmount_waits_for_open_files_and_syncs() {
     require_fuse!();

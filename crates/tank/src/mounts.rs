@@ -267,13 +267,18 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
             return Err(e);
         }
     };
+    // How requests reach us: the kernel's per-CPU io_uring queues, or reads of /dev/fuse.
+    let over = match MOUNTS.lock().last().map(|m| m.handle.io_uring()) {
+        Some(true) => " (requests over io_uring)",
+        _ => "",
+    };
     if daemon_mode() {
-        outln!("mounted {} at {}", a.dataset, dir.display());
+        outln!("mounted {} at {}{over}", a.dataset, dir.display());
         return Ok(());
     }
     // No daemon: serve in the foreground until unmounted or interrupted.
     errln!(
-        "mounted {} at {}; serving until 'tank unmount {}' or Ctrl-C (start 'tank serve' to keep filesystems mounted in the background)",
+        "mounted {} at {}{over}; serving until 'tank unmount {}' or Ctrl-C (start 'tank serve' to keep filesystems mounted in the background)",
         a.dataset,
         dir.display(),
         dir.display()
