@@ -415,7 +415,7 @@ pub fn mount(
         .name("tank-fuse".into())
         .spawn(move || {
             let run = match uring {
-                Some((rings, device)) => session.run_with(|d| rings.start(device, d)),
+                Some((rings, device)) => session.run_with(|d| rings.start(device, d, granted)),
                 None => session.run(),
             };
             let sync = fs.sync_all();

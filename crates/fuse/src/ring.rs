@@ -37,7 +37,9 @@
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use fuser::{Dispatcher, ReplySink};
@@ -152,9 +154,20 @@ pub(crate) struct Queue {
 // a queue is used by one thread at a time.
 unsafe impl Send for Queue {}
 
-/// The queues of a mount, one per possible CPU.
+/// What a queue's thread needs once the kernel granted the rings.
+struct Start {
+    device: Arc<OwnedFd>,
+    dispatcher: Dispatcher<Server>,
+    /// Cleared if the kernel refuses an entry (it then sends everything through /dev/fuse).
+    active: Arc<AtomicBool>,
+}
+
+/// The queues of a mount, one per possible CPU, each with its thread already running and
+/// waiting for `start` (so that nothing can fail between the kernel granting the rings and
+/// every queue registering its entries: a queue without entries would hold back every
+/// request of its CPU).
 pub(crate) struct Rings {
-    queues: Vec<Queue>,
+    threads: Vec<(mpsc::Sender<Start>, JoinHandle<io::Result<()>>)>,
 }
 
 /// CPUs the kernel may ever run on (`/sys/devices/system/cpu/possible`, e.g. "0-7"): the
@@ -174,44 +187,57 @@ fn possible_cpus() -> io::Result<usize> {
 }
 
 impl Rings {
-    /// Makes a ring and `DEPTH` entries of `payload` bytes for every possible CPU.
+    /// Makes a ring and `DEPTH` entries of `payload` bytes for every possible CPU, and its
+    /// thread. Dropped without `start`, the threads end.
     pub(crate) fn prepare(payload: usize) -> io::Result<Rings> {
         let cpus = possible_cpus()?;
-        let queues = (0..cpus)
-            .map(|q| {
-                let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-                    .build(DEPTH as u32 * 2)?;
-                Ok(Queue {
-                    qid: q as u16,
-                    ring,
-                    entries: (0..DEPTH).map(|_| Entry::new(payload)).collect(),
-                })
-            })
-            .collect::<io::Result<Vec<_>>>()?;
-        Ok(Rings { queues })
+        let mut rings = Rings {
+            threads: Vec::with_capacity(cpus),
+        };
+        for q in 0..cpus {
+            let ring =
+                IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(DEPTH as u32 * 2)?;
+            let queue = Queue {
+                qid: q as u16,
+                ring,
+                entries: (0..DEPTH).map(|_| Entry::new(payload)).collect(),
+            };
+            let (tx, rx) = mpsc::channel::<Start>();
+            let name = format!("fuse-ring-{q}");
+            let thread = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || match rx.recv() {
+                    Ok(s) => serve(queue, &s, &name),
+                    Err(_) => Ok(()),
+                })?;
+            rings.threads.push((tx, thread));
+        }
+        Ok(rings)
     }
 
     pub(crate) fn queues(&self) -> usize {
-        self.queues.len()
+        self.threads.len()
     }
 
-    /// Starts a thread per queue, each registering its entries on `device` (the session's
-    /// /dev/fuse) and serving requests with `dispatcher`.
+    /// Lets every queue's thread register its entries on `device` (the session's
+    /// /dev/fuse) and serve requests with `dispatcher`; returns the threads. `active` is
+    /// cleared if the kernel refuses the rings.
     pub(crate) fn start(
         self,
         device: Arc<OwnedFd>,
         dispatcher: Dispatcher<Server>,
+        active: Arc<AtomicBool>,
     ) -> Vec<JoinHandle<io::Result<()>>> {
-        self.queues
+        self.threads
             .into_iter()
-            .filter_map(|q| {
-                let device = device.clone();
-                let dispatcher = dispatcher.clone();
-                let name = format!("fuse-ring-{}", q.qid);
-                std::thread::Builder::new()
-                    .name(name.clone())
-                    .spawn(move || serve(q, &device, &dispatcher, &name))
-                    .ok()
+            .map(|(tx, thread)| {
+                // The thread is waiting on the channel: the send cannot fail.
+                let _ = tx.send(Start {
+                    device: device.clone(),
+                    dispatcher: dispatcher.clone(),
+                    active: active.clone(),
+                });
+                thread
             })
             .collect()
     }
@@ -267,14 +293,10 @@ fn pin(cpu: usize) {
 }
 
 /// Serves one queue until the connection ends.
-fn serve(
-    mut q: Queue,
-    device: &OwnedFd,
-    dispatcher: &Dispatcher<Server>,
-    name: &str,
-) -> io::Result<()> {
+fn serve(mut q: Queue, start: &Start, name: &str) -> io::Result<()> {
     pin(usize::from(q.qid));
-    let fd = device.as_raw_fd();
+    let fd = start.device.as_raw_fd();
+    let dispatcher = &start.dispatcher;
     for i in 0..q.entries.len() {
         let sqe = register_sqe(fd, q.qid, i, &q.entries[i]);
         push(&mut q.ring, &sqe);
@@ -285,7 +307,12 @@ fn serve(
     while live > 0 {
         match q.ring.submit_and_wait(1) {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            // Interrupted, or completions to reap first (then submitted on the next turn).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) => {}
             Err(e) => return Err(e),
         }
         done.clear();
@@ -303,7 +330,10 @@ fn serve(
             }
             if res < 0 {
                 // The connection ended (ENOTCONN, ECONNABORTED, ECANCELED), or the kernel
-                // refused the entry (it then serves the queue through /dev/fuse).
+                // refused the entry (it then sends every request through /dev/fuse).
+                if !matches!(-res, libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED) {
+                    start.active.store(false, Ordering::Release);
+                }
                 live -= 1;
                 continue;
             }
@@ -338,7 +368,12 @@ fn serve_one(
         small[..IN_HEADER_BYTES].copy_from_slice(&e.header()[..IN_HEADER_BYTES]);
         small[IN_HEADER_BYTES..head_len].copy_from_slice(&e.header()[OP_IN..OP_IN + op_len]);
         let sink = Arc::new(EntrySink::direct(e));
-        dispatcher.dispatch(&small[..head_len], sink.clone(), name);
+        let request = &small[..head_len];
+        // A handler that panics must not end the queue's thread: its CPU's requests would
+        // wait for ever. The request fails with EIO instead.
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            dispatcher.dispatch(request, sink.clone(), name)
+        }));
         if !sink.finish() {
             e.put_error(unique, libc::EIO);
         }
@@ -356,7 +391,10 @@ fn serve_one(
         e.buf[start..start + IN_HEADER_BYTES].copy_from_slice(&hdr);
         e.buf[start + IN_HEADER_BYTES..LEAD].copy_from_slice(&op[..op_len]);
         let sink = Arc::new(EntrySink::buffered());
-        dispatcher.dispatch(&e.buf[start..LEAD + payload_sz], sink.clone(), name);
+        let request = &e.buf[start..LEAD + payload_sz];
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            dispatcher.dispatch(request, sink.clone(), name)
+        }));
         match sink.take() {
             Some(reply) if reply.len() - OUT_HEADER_BYTES <= payload_cap => e.put_reply(&reply),
             _ => e.put_error(unique, libc::EIO),

@@ -86,6 +86,8 @@ pub const SNAPSHOT_DIR_NAME: &str = "snapshot";
 
 /// Largest write the kernel may send in one request, and the readahead we ask for.
 pub(crate) const MAX_IO_BYTES: u32 = 1 << 20;
+/// How long a /dev/fuse reader pauses after forgets when requests come over io_uring.
+const FORGET_PAUSE: Duration = Duration::from_millis(2);
 /// Background requests (readahead, writeback) the kernel may have in flight.
 const MAX_BACKGROUND: u16 = 64;
 /// Smallest `fuse_dirent` (24-byte header, name padded to 8) and `fuse_direntplus`
@@ -128,8 +130,9 @@ pub(crate) struct Server {
     /// Negotiated with the kernel at init.
     writeback: bool,
     killpriv_v2: bool,
-    /// Whether to ask for FUSE over io_uring (its rings are ready), and whether INIT
-    /// granted it (read by `mount` once INIT is done).
+    /// Whether to ask for FUSE over io_uring (its rings are ready), and whether requests
+    /// come over it: set when INIT granted it (`mount` reads it then), cleared if the
+    /// kernel later refuses the rings' entries.
     want_uring: bool,
     pub(crate) uring: Arc<std::sync::atomic::AtomicBool>,
     /// Times of the virtual directories.
@@ -769,6 +772,25 @@ impl Server {
     }
 }
 
+impl Server {
+    fn forget_node(&self, ino: INodeNo, nlookup: u64) {
+        if let Some(Node::Fs { slot, .. }) = Node::decode(ino.0) {
+            self.slots.forget(slot, nlookup);
+        }
+    }
+
+    /// With the io_uring transport the /dev/fuse readers serve little but FORGET, which the
+    /// kernel sends as each inode leaves its cache (one per file removed) and which nobody
+    /// waits for. Each wakes a reader, usually on another CPU; a reader that pauses after
+    /// one instead finds the next ones queued and takes them in one BATCH_FORGET. Unlinking
+    /// small files: 0.9 reader wake-ups per file without the pause.
+    fn coalesce_forgets(&self) {
+        if self.uring.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(FORGET_PAUSE);
+        }
+    }
+}
+
 impl Filesystem for Server {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Each capability on its own: one the kernel lacks must not cost the others.
@@ -798,9 +820,15 @@ impl Filesystem for Server {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        if let Some(Node::Fs { slot, .. }) = Node::decode(ino.0) {
-            self.slots.forget(slot, nlookup);
+        self.forget_node(ino, nlookup);
+        self.coalesce_forgets();
+    }
+
+    fn batch_forget(&self, _req: &Request, nodes: &[fuser::ForgetOne]) {
+        for n in nodes {
+            self.forget_node(n.nodeid(), n.nlookup());
         }
+        self.coalesce_forgets();
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -907,8 +907,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(());
     }
+    // The bench mounts with the default options: the kernel's io_uring queues when offered.
+    let fuse_transport = a.fuse.then(|| {
+        if tank_fuse::io_uring_offered() {
+            "io_uring"
+        } else {
+            "/dev/fuse"
+        }
+    });
     println!(
-        "{} of {} devices, {} written and read, record {}{}, median (min-max) of {} runs",
+        "{} of {} devices, {} written and read, record {}{}{}, median (min-max) of {} runs",
         a.layout,
         a.devices,
         human(size),
@@ -917,6 +925,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             format!(", {} small files", a.files)
         } else {
             String::new()
+        },
+        match fuse_transport {
+            Some(t) => format!(", tank's FUSE requests over {t}"),
+            None => String::new(),
         },
         a.runs
     );
