@@ -8,8 +8,10 @@
 //! ours pinned to that CPU serves the queue, so caller and server take turns on one CPU, and
 //! a reply and the next fetch are one submission.
 //!
-//! Each queue has its own io_uring (128-byte submissions) and `DEPTH` entries. An entry is a
-//! 288-byte header buffer and a payload buffer registered with the kernel once (REGISTER);
+//! Each queue is served by `THREADS_PER_QUEUE` threads pinned to its CPU, each with its own
+//! io_uring (128-byte submissions) and `DEPTH` entries: a request that waits (an fsync
+//! waiting for its txg) holds one thread while the other serves the CPU's next requests.
+//! An entry is a 288-byte header buffer and a payload buffer registered with the kernel once (REGISTER);
 //! from then on the kernel fills the entry with a request and completes its submission,
 //! and we answer it with COMMIT_AND_FETCH, which also hands the entry back for the next
 //! request. So each entry always has exactly one submission in flight.
@@ -55,8 +57,9 @@ pub fn kernel_offers() -> bool {
         .is_ok_and(|s| matches!(s.trim(), "Y" | "1"))
 }
 
-/// Entries per queue: one served while the next request waits in the other.
-const DEPTH: usize = 2;
+/// Threads per queue, and entries per thread: two requests of a CPU are served at once.
+const THREADS_PER_QUEUE: usize = 2;
+const DEPTH: usize = 1;
 /// `struct fuse_uring_req_header`: in_out[128], op_in[128], `fuse_uring_ent_in_out` (32).
 const HEADER_BYTES: usize = 288;
 const IN_HEADER_BYTES: usize = 40;
@@ -187,30 +190,33 @@ fn possible_cpus() -> io::Result<usize> {
 }
 
 impl Rings {
-    /// Makes a ring and `DEPTH` entries of `payload` bytes for every possible CPU, and its
-    /// thread. Dropped without `start`, the threads end.
+    /// Makes `THREADS_PER_QUEUE` rings of `DEPTH` entries of `payload` bytes for every
+    /// possible CPU, and their threads. Dropped without `start`, the threads end.
     pub(crate) fn prepare(payload: usize) -> io::Result<Rings> {
         let cpus = possible_cpus()?;
         let mut rings = Rings {
-            threads: Vec::with_capacity(cpus),
+            threads: Vec::with_capacity(cpus * THREADS_PER_QUEUE),
         };
         for q in 0..cpus {
-            let ring =
-                IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(DEPTH as u32 * 2)?;
-            let queue = Queue {
-                qid: q as u16,
-                ring,
-                entries: (0..DEPTH).map(|_| Entry::new(payload)).collect(),
-            };
-            let (tx, rx) = mpsc::channel::<Start>();
-            let name = format!("fuse-ring-{q}");
-            let thread = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || match rx.recv() {
-                    Ok(s) => serve(queue, &s, &name),
-                    Err(_) => Ok(()),
-                })?;
-            rings.threads.push((tx, thread));
+            for t in 0..THREADS_PER_QUEUE {
+                let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+                    .build((DEPTH * 2) as u32)?;
+                let queue = Queue {
+                    qid: q as u16,
+                    ring,
+                    entries: (0..DEPTH).map(|_| Entry::new(payload)).collect(),
+                };
+                let (tx, rx) = mpsc::channel::<Start>();
+                let name = format!("fuse-ring-{q}.{t}");
+                let thread =
+                    std::thread::Builder::new()
+                        .name(name.clone())
+                        .spawn(move || match rx.recv() {
+                            Ok(s) => serve(queue, &s, &name),
+                            Err(_) => Ok(()),
+                        })?;
+                rings.threads.push((tx, thread));
+            }
         }
         Ok(rings)
     }
