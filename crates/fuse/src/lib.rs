@@ -40,7 +40,7 @@ use tank_dataset::posix::Fs;
 pub use mount::{mount, unmount, MountHandle, Unmounter, FS_TYPE, FUSE_DEVICE};
 pub use nodes::{INO_BITS, SNAPSHOT_SLOTS};
 pub use options::{MountError, MountOptions, WritebackCache};
-pub use ring::kernel_offers as io_uring_offered;
+pub use ring::{enable_kernel_io_uring, kernel_offers as io_uring_offered};
 pub use server::{CONTROL_NAME, SNAPSHOT_DIR_NAME};
 
 /// The snapshots of the mounted dataset, as `.tank/snapshot` shows them.

@@ -50,11 +50,58 @@ use parking_lot::Mutex;
 
 use crate::server::Server;
 
+/// The fuse module's switch for io_uring (off by default).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
 /// Whether the kernel offers FUSE over io_uring to new mounts (Linux 6.14+, with
 /// `/sys/module/fuse/parameters/enable_uring` on).
 pub fn kernel_offers() -> bool {
-    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
-        .is_ok_and(|s| matches!(s.trim(), "Y" | "1"))
+    std::fs::read_to_string(ENABLE_URING).is_ok_and(|s| matches!(s.trim(), "Y" | "1"))
+}
+
+/// Turns the kernel's FUSE over io_uring on for mounts made from now on (root only; every
+/// FUSE server that asks for it gets it, not only tank).
+pub fn enable_kernel_io_uring() -> io::Result<()> {
+    enable_at(std::path::Path::new(ENABLE_URING))
+}
+
+fn enable_at(switch: &std::path::Path) -> io::Result<()> {
+    if !switch.exists() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this kernel has no FUSE over io_uring (it needs Linux 6.14 or later built with \
+             CONFIG_FUSE_IO_URING, and the fuse module loaded)",
+        ));
+    }
+    std::fs::write(switch, "Y").map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot write {}: {e} (it needs root)", switch.display()),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turning_io_uring_on_writes_the_switch_or_says_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let switch = dir.path().join("enable_uring");
+        std::fs::write(&switch, "N").unwrap();
+        enable_at(&switch).unwrap();
+        assert_eq!(std::fs::read_to_string(&switch).unwrap(), "Y");
+        let e = enable_at(&dir.path().join("absent")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported);
+        assert!(e.to_string().contains("Linux 6.14"), "{e}");
+    }
+
+    #[test]
+    fn possible_cpus_counts_the_ranges() {
+        // This host's own list parses, and has at least the CPU we run on.
+        assert!(possible_cpus().unwrap() >= 1);
+    }
 }
 
 /// Threads per queue, and entries per thread: two requests of a CPU are served at once.

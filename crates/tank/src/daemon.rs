@@ -4,7 +4,8 @@
 //! On start the daemon creates the default pool when nothing is configured (six sparse
 //! file devices in raidz2 under the data directory, its root filesystem mounted under
 //! `DATA_DIR/mnt/tank`), imports every pool of the cache file, mounts every filesystem
-//! with a mountpoint, and listens on `DATA_DIR/tank.sock`.
+//! with a mountpoint, and listens on `DATA_DIR/tank.sock`. With `--fuse-io-uring` it first
+//! turns the kernel's FUSE over io_uring on, so its mounts take requests from per-CPU rings.
 //!
 //! **The local API** is one JSON object per line each way. A request names a CLI command:
 //! `{"argv": ["dataset", "list", "--json"]}`; the reply carries what the command printed
@@ -32,7 +33,13 @@ use crate::demo::{ensure_default_pool, DEFAULT_DEVICE_SIZE, DEFAULT_POOL};
 use crate::pools::{daemon_pools, enter_daemon_mode, open_pool};
 
 #[derive(Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Turn on the kernel's FUSE over io_uring (Linux 6.14+) before mounting, so that each
+    /// request is served on its caller's CPU (docs/FUSE-IO-URING.md). A kernel setting: it
+    /// applies to every FUSE mount made afterwards that asks for it
+    #[arg(long)]
+    pub fuse_io_uring: bool,
+}
 
 #[derive(Serialize, Deserialize)]
 pub struct Request {
@@ -116,7 +123,7 @@ fn mount_all() {
     }
 }
 
-pub fn run(_a: ServeArgs) -> Result<()> {
+pub fn run(a: ServeArgs) -> Result<()> {
     let dir = data_dir();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
@@ -147,6 +154,14 @@ pub fn run(_a: ServeArgs) -> Result<()> {
             .pool
             .log_history("tank serve (create the default pool)");
         opened.close()?;
+    }
+    if a.fuse_io_uring {
+        match tank_fuse::enable_kernel_io_uring() {
+            Ok(()) => {
+                println!("FUSE over io_uring: on (mounts serve each request on its caller's CPU)")
+            }
+            Err(e) => eprintln!("warning: FUSE over io_uring stays off: {e}"),
+        }
     }
     enter_daemon_mode();
     for entry in PoolCache::load(&dir)?.pools {
