@@ -103,7 +103,12 @@ mod tests {
     }
 
     #[test]
-    fn possible_cpus_counts_the_ranges() {
+    fn cpu_lists_are_counted_range_by_range() {
+        assert_eq!(count_cpus("0\n").unwrap(), 1);
+        assert_eq!(count_cpus("0-7").unwrap(), 8);
+        assert_eq!(count_cpus("0-3,8-11").unwrap(), 8);
+        assert_eq!(count_cpus("0,2,4-5").unwrap(), 4);
+        assert!(count_cpus("0-x").is_err());
         // This host's own list parses, and has at least the CPU we run on.
         assert!(possible_cpus().unwrap() >= 1);
     }
@@ -228,9 +233,15 @@ pub(crate) struct Rings {
 /// CPUs the kernel may ever run on (`/sys/devices/system/cpu/possible`, e.g. "0-7"): the
 /// kernel makes one queue per possible CPU, numbered as the CPUs.
 fn possible_cpus() -> io::Result<usize> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    count_cpus(&std::fs::read_to_string(
+        "/sys/devices/system/cpu/possible",
+    )?)
+}
+
+/// CPUs in a kernel CPU list ("0-3,8-11", "0").
+fn count_cpus(list: &str) -> io::Result<usize> {
     let mut n = 0;
-    for part in s.trim().split(',') {
+    for part in list.trim().split(',') {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (a, b): (usize, usize) = (
             a.parse().map_err(io::Error::other)?,

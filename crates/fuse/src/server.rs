@@ -770,9 +770,7 @@ impl Server {
             }
         }
     }
-}
 
-impl Server {
     fn forget_node(&self, ino: INodeNo, nlookup: u64) {
         if let Some(Node::Fs { slot, .. }) = Node::decode(ino.0) {
             self.slots.forget(slot, nlookup);
