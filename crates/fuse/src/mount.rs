@@ -373,9 +373,12 @@ pub fn mount(
     // The rings exist before INIT asks for them: once the kernel grants io_uring, requests
     // wait until every queue has an entry.
     let rings = if opts.io_uring && crate::ring::kernel_offers() {
-        crate::ring::Rings::prepare((MAX_IO_BYTES + RING_PAYLOAD_SLACK) as usize)
-            .ok()
-            .filter(|r| r.queues() > 0)
+        crate::ring::Rings::prepare(
+            (MAX_IO_BYTES + RING_PAYLOAD_SLACK) as usize,
+            opts.ring_workers,
+        )
+        .ok()
+        .filter(|r| r.queues() > 0)
     } else {
         None
     };

@@ -36,6 +36,10 @@ pub struct MountOptions {
     /// Take requests through the kernel's per-CPU io_uring queues when it offers them
     /// (Linux 6.14+ with `/sys/module/fuse/parameters/enable_uring` on).
     pub io_uring: bool,
+    /// Over io_uring, serve long requests (reads and writes of 128 KiB or more, fsyncs) on
+    /// workers, so that they do not hold back the other requests of their CPU (ring.rs).
+    /// Off only to measure what the workers buy.
+    pub ring_workers: bool,
     /// How long the kernel may cache names and attributes of the live filesystem. Every
     /// change made through this mount invalidates what it changes; the TTL bounds how long
     /// a change made past the mount (another front end on the same dataset) stays unseen.
@@ -62,6 +66,7 @@ impl MountOptions {
             writeback_cache: WritebackCache::Auto,
             threads: None,
             io_uring: true,
+            ring_workers: true,
             attr_ttl: Duration::from_secs(1),
             snapshot_ttl: Duration::from_secs(3600),
             allow_other: true,

@@ -66,9 +66,58 @@ fn exercise(m: &Mounted) {
     }
     fs::remove_dir(m.p("d")).unwrap();
     fs::rename(m.p("big"), m.p("big2")).unwrap();
-    File::open(m.p("big2")).unwrap().sync_all().unwrap();
+    let f = File::open(m.p("big2")).unwrap();
+    f.sync_all().unwrap();
+    // With the file's pages dropped the reads reach the server, in 1 MiB requests (over
+    // io_uring, served by the workers).
+    nix::fcntl::posix_fadvise(
+        &f,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .unwrap();
     assert_eq!(fs::read(m.p("big2")).unwrap(), big);
     assert_errno(fs::read(m.p("big")), ENOENT);
+    // Fsyncs (served aside over io_uring) beside creates and stats on the same CPU: every
+    // request is answered, and each file holds what was written.
+    let cpu0 = || {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(0).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let syncer = {
+        let (path, stop) = (m.p("synced"), stop.clone());
+        std::thread::spawn(move || {
+            cpu0();
+            let mut f = File::create(&path).unwrap();
+            let mut n = 0u32;
+            while n < 20 || !stop.load(Ordering::Relaxed) {
+                std::io::Write::write_all(&mut f, &n.to_le_bytes()).unwrap();
+                f.sync_data().unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    cpu0();
+    fs::create_dir(m.p("e")).unwrap();
+    for i in 0..100u32 {
+        fs::write(m.p(&format!("e/{i}")), i.to_le_bytes()).unwrap();
+        assert_eq!(fs::metadata(m.p(&format!("e/{i}"))).unwrap().len(), 4);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let n = syncer.join().unwrap();
+    let synced = fs::read(m.p("synced")).unwrap();
+    assert_eq!(synced.len(), 4 * n as usize);
+    assert!(synced
+        .chunks(4)
+        .enumerate()
+        .all(|(i, c)| c == (i as u32).to_le_bytes()));
+    for i in 0..100u32 {
+        assert_eq!(fs::read(m.p(&format!("e/{i}"))).unwrap(), i.to_le_bytes());
+    }
 }
 
 #[test]
