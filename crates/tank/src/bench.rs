@@ -572,7 +572,10 @@ fn zfs_fuse_run(
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
     if let Err(e) = destroyed {
-        eprintln!("warning: could not destroy the zfs-fuse bench pool: {e:#}");
+        eprintln!(
+            "warning: could not destroy the zfs-fuse bench pool: {}",
+            crate::out::chain(&e)
+        );
     }
     remove_files(&names);
     let _ = std::fs::remove_dir(&mnt);

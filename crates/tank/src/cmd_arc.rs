@@ -283,7 +283,8 @@ fn chrono_like_time() -> String {
 /// Sets `arc_max` from `TANK_ARC_MAX` (a size such as 4G), when set.
 pub fn apply_env() -> Result<()> {
     if let Ok(v) = std::env::var("TANK_ARC_MAX") {
-        set_param("arc_max", &v).map_err(|e| anyhow::anyhow!("TANK_ARC_MAX: {e:#}"))?;
+        set_param("arc_max", &v)
+            .map_err(|e| anyhow::anyhow!("TANK_ARC_MAX: {}", crate::out::chain(&e)))?;
     }
     Ok(())
 }

@@ -117,7 +117,7 @@ fn mount_all() {
             }
             match crate::mounts::mount_dataset(&opened.dsl, &opened.store, &name, None) {
                 Ok(dir) => println!("mounted {name} at {}", dir.display()),
-                Err(e) => eprintln!("warning: cannot mount {name}: {e:#}"),
+                Err(e) => eprintln!("warning: cannot mount {name}: {}", crate::out::chain(&e)),
             }
         }
     }
@@ -169,7 +169,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let opened = match open_pool(&entry.name) {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("warning: cannot import pool '{}': {e:#}", entry.name);
+                eprintln!(
+                    "warning: cannot import pool '{}': {}",
+                    entry.name,
+                    crate::out::chain(&e)
+                );
                 continue;
             }
         };
@@ -193,7 +197,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         for stream in listener.incoming().flatten() {
             std::thread::spawn(move || {
                 if let Err(e) = handle(stream) {
-                    eprintln!("warning: client request failed: {e:#}");
+                    eprintln!("warning: client request failed: {}", crate::out::chain(&e));
                 }
             });
         }
@@ -216,7 +220,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         match opened.pool.export() {
             Ok(()) => println!("exported pool '{name}'"),
             Err(e) => {
-                eprintln!("warning: cannot export '{name}': {e:#}");
+                eprintln!(
+                    "warning: cannot export '{name}': {}",
+                    crate::out::chain(&e.into())
+                );
                 failed = true;
             }
         }

@@ -211,7 +211,10 @@ impl Drop for Mounted {
 /// when a filesystem cannot be unmounted).
 pub fn tear_down(name: &str, pool: Option<Arc<Pool>>) {
     if let Err(e) = unmount_pool(name) {
-        eprintln!("warning: cannot unmount the benchmark's filesystem: {e:#}");
+        eprintln!(
+            "warning: cannot unmount the benchmark's filesystem: {}",
+            crate::out::chain(&e)
+        );
     }
     if let Some(pool) = pool {
         let _ = pool.destroy();

@@ -166,7 +166,7 @@ pub fn run_in_daemon(argv: Vec<String>) -> i32 {
     match dispatch(cli.command) {
         Ok(()) => 0,
         Err(e) => {
-            errln!("tank: {e:#}");
+            errln!("tank: {}", crate::out::chain(&e));
             1
         }
     }
@@ -176,13 +176,13 @@ fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
     if let Err(e) = cmd_arc::apply_env() {
-        eprintln!("tank: {e:#}");
+        eprintln!("tank: {}", crate::out::chain(&e));
         std::process::exit(2);
     }
     if let Command::Pool(cmd_pool::PoolCmd::Events(a)) = &cli.command {
         if a.follow {
             if let Err(e) = cmd_pool::follow_events(a) {
-                eprintln!("tank: {e:#}");
+                eprintln!("tank: {}", crate::out::chain(&e));
                 std::process::exit(1);
             }
             return;
@@ -191,7 +191,7 @@ fn main() {
     if let Command::Arcstat(a) = &cli.command {
         if a.follows() {
             if let Err(e) = cmd_arc::follow_arcstat(a) {
-                eprintln!("tank: {e:#}");
+                eprintln!("tank: {}", crate::out::chain(&e));
                 std::process::exit(1);
             }
             return;
@@ -207,13 +207,13 @@ fn main() {
             }
             Ok(None) => {}
             Err(e) => {
-                eprintln!("tank: the daemon did not answer: {e:#}");
+                eprintln!("tank: the daemon did not answer: {}", crate::out::chain(&e));
                 std::process::exit(1);
             }
         }
     }
     if let Err(e) = dispatch(cli.command) {
-        eprintln!("tank: {e:#}");
+        eprintln!("tank: {}", crate::out::chain(&e));
         std::process::exit(1);
     }
 }

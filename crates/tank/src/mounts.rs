@@ -239,7 +239,7 @@ pub fn remount(dsl: &Arc<Dsl>, store: &Arc<ObjectStore>, list: &[(String, Option
         }
         match mount_dataset(dsl, store, name, dir.as_deref()) {
             Ok(d) => outln!("mounted {name} at {}", d.display()),
-            Err(e) => errln!("warning: cannot mount {name}: {e:#}"),
+            Err(e) => errln!("warning: cannot mount {name}: {}", crate::out::chain(&e)),
         }
     }
 }
@@ -251,7 +251,7 @@ pub fn unmount_all() -> Vec<String> {
     for m in all {
         let what = m.dataset.clone();
         if let Err(e) = finish(m) {
-            problems.push(format!("{what}: {e:#}"));
+            problems.push(format!("{what}: {}", crate::out::chain(&e)));
         }
     }
     problems

@@ -80,3 +80,53 @@ macro_rules! out {
 macro_rules! errln {
     ($($t:tt)*) => { $crate::out::write_err(&format!("{}\n", format_args!($($t)*))) };
 }
+
+/// An error with its causes, as `{:#}` prints it ("outer: cause: root cause"), but a cause
+/// whose words already stand in what precedes it is left out: many errors name their
+/// source in their own message and also return it as `source()`, which `{:#}` would print
+/// twice ("cannot open: No such file or directory (os error 2): No such file or directory
+/// (os error 2)").
+pub fn chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if text.is_empty() {
+            text = s;
+        } else if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[test]
+    fn causes_already_in_the_message_are_not_repeated() {
+        // As thiserror makes it of `#[error("{dev}: cannot open: {source}")]`.
+        #[derive(Debug)]
+        struct Open(std::io::Error);
+        impl std::fmt::Display for Open {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "d0: cannot open: {}", self.0)
+            }
+        }
+        impl std::error::Error for Open {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::from_raw_os_error(libc::ENOENT);
+        let e = anyhow::Error::new(Open(io)).context("cannot open pool 'pw'");
+        assert_eq!(
+            chain(&e),
+            "cannot open pool 'pw': d0: cannot open: No such file or directory (os error 2)"
+        );
+        // A cause the message does not name is kept.
+        let e = anyhow::anyhow!("permission denied").context("cannot open 'd0'");
+        assert_eq!(chain(&e), "cannot open 'd0': permission denied");
+    }
+}

@@ -166,7 +166,7 @@ pub fn open_pool(name: &str) -> Result<Opened> {
     for path in &entry.devices {
         match open_device(path, None, direct_io()) {
             Ok(d) => devs.push(d),
-            Err(e) => problems.push(format!("{e:#}")),
+            Err(e) => problems.push(crate::out::chain(&e)),
         }
     }
     let pool = Pool::import(
