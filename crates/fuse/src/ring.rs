@@ -16,11 +16,12 @@
 //! created file) then wakes the second thread: small-file creates fell from 8,300-8,400/s to
 //! 6,700-7,100/s in the FUSE benchmark. So one thread, and the requests that wait or take
 //! long go to workers (below).
+//!
 //! Long requests leave the queue's thread: a read or write of `OFFLOAD_BYTES` or more, and
-//! an fsync, are served by the mount's workers (unpinned, one per CPU), so a stream's
-//! readahead and writeback, which the kernel puts in the queue of the one CPU its reader or
-//! flusher runs on, are served on every CPU, and an fsync waiting for its txg does not hold
-//! back its CPU's other requests. A worker leaves its reply in the entry and tells the
+//! an fsync, are served by the mount's workers (unpinned, one per CPU), so an fsync waiting
+//! for its txg does not hold back its CPU's other requests, and the server's work for a
+//! stream's readahead and writeback (which the kernel puts in the queue of the one CPU its
+//! reader or flusher runs on) can run on any CPU. A worker leaves its reply in the entry and tells the
 //! queue's thread through an eventfd the thread polls in its own ring; the thread commits
 //! the entry (a ring is only ever submitted to by its own thread). The extra wake-up costs
 //! tens of microseconds, against milliseconds of work for a 1 MiB request. Measured by
