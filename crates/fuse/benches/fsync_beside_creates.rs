@@ -21,13 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Setup;
-
-fn pin_to_cpu0() {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(0).expect("CPU 0");
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("affinity");
-}
+use common::{pin_to_cpu0, Setup};
 
 /// Creates files in `dir` for `secs`: (creates/s, p99 seconds).
 fn creates(dir: &std::path::Path, secs: f64) -> (f64, f64) {

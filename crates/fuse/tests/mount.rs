@@ -81,16 +81,11 @@ fn exercise(m: &Mounted) {
     assert_errno(fs::read(m.p("big")), ENOENT);
     // Fsyncs (served aside over io_uring) beside creates and stats on the same CPU: every
     // request is answered, and each file holds what was written.
-    let cpu0 = || {
-        let mut set = nix::sched::CpuSet::new();
-        set.set(0).unwrap();
-        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
-    };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let syncer = {
         let (path, stop) = (m.p("synced"), stop.clone());
         std::thread::spawn(move || {
-            cpu0();
+            pin_to_cpu0();
             let mut f = File::create(&path).unwrap();
             let mut n = 0u32;
             while n < 20 || !stop.load(Ordering::Relaxed) {
@@ -101,7 +96,7 @@ fn exercise(m: &Mounted) {
             n
         })
     };
-    cpu0();
+    pin_to_cpu0();
     fs::create_dir(m.p("e")).unwrap();
     for i in 0..100u32 {
         fs::write(m.p(&format!("e/{i}")), i.to_le_bytes()).unwrap();

@@ -506,3 +506,10 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// Pins the calling thread to CPU 0 (over io_uring, its requests then share one queue).
+pub fn pin_to_cpu0() {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).expect("CPU 0");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("affinity");
+}
