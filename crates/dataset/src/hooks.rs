@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::dsl::Dsl;
 use crate::errno::Errno;
-use crate::posix::{DatasetHooks, SyncMode};
+use crate::posix::{DatasetHooks, DirectMode, SyncMode};
 use crate::props;
 
 /// The hooks of one dataset (a snapshot's are read-only).
@@ -33,6 +33,9 @@ impl DatasetHooks for DsHooks {
     }
     fn sync_mode(&self) -> SyncMode {
         props::sync_of(&self.prop("sync"))
+    }
+    fn direct(&self) -> DirectMode {
+        props::direct_of(&self.prop("direct"))
     }
     fn check_space(&self, bytes: u64) -> Result<(), Errno> {
         if self.snapshot {

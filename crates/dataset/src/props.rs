@@ -12,7 +12,7 @@
 
 use tank_block::{ChecksumKind, Compression};
 
-use crate::posix::SyncMode;
+use crate::posix::{DirectMode, SyncMode};
 
 /// What a property holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +149,13 @@ pub const PROPS: &[PropDef] = &[
         "standard",
         true,
         Applies::All,
+    ),
+    editable(
+        "direct",
+        PropType::Enum(&["disabled", "standard", "always"]),
+        "standard",
+        true,
+        Applies::Filesystem,
     ),
     editable("volsize", PropType::Size, "0", false, Applies::Volume),
     PropDef {
@@ -375,6 +382,14 @@ pub fn sync_of(stored: &str) -> SyncMode {
     }
 }
 
+pub fn direct_of(stored: &str) -> DirectMode {
+    match stored {
+        "always" => DirectMode::Always,
+        "disabled" => DirectMode::Disabled,
+        _ => DirectMode::Standard,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +425,11 @@ mod tests {
         assert!(parse(lookup("used").unwrap(), "1").is_err());
         assert!(parse(lookup("atime").unwrap(), "yes").is_err());
         assert!(parse(lookup("copies").unwrap(), "4").is_err());
+        let d = lookup("direct").unwrap();
+        assert_eq!(parse(d, "always").unwrap(), "always");
+        assert!(parse(d, "on").is_err());
+        assert_eq!(direct_of("always"), DirectMode::Always);
+        assert_eq!(direct_of(d.default), DirectMode::Standard);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tank_dataset::{DatasetKind, Dsl, Op};
+use tank_dataset::posix::{DatasetHooks, DirectMode};
+use tank_dataset::{DatasetKind, DsHooks, Dsl, Op};
 use tank_device::{DeviceRef, MemDevice};
 use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec, TxgTunables};
@@ -189,6 +190,36 @@ fn names_properties_and_inheritance() {
     })
     .unwrap();
     assert_eq!(prop(d, "tank/home/alice", "compression"), "lz4");
+
+    // `direct` is inherited, and a filesystem's hooks follow a `set` at once.
+    let hooks = DsHooks {
+        dsl: f.dsl.clone(),
+        id: alice.id,
+        snapshot: false,
+    };
+    assert_eq!(hooks.direct(), DirectMode::Standard);
+    d.run(Op::SetProps {
+        name: "tank/home".into(),
+        props: vec![("direct".into(), Some("always".into()))],
+    })
+    .unwrap();
+    assert_eq!(prop(d, "tank/home/alice", "direct"), "always");
+    assert_eq!(hooks.direct(), DirectMode::Always);
+    d.run(Op::SetProps {
+        name: "tank/home/alice".into(),
+        props: vec![("direct".into(), Some("disabled".into()))],
+    })
+    .unwrap();
+    assert_eq!(hooks.direct(), DirectMode::Disabled);
+    let err = d
+        .run(Op::SetProps {
+            name: "tank/home".into(),
+            props: vec![("direct".into(), Some("on".into()))],
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("always"), "{err}");
+    assert_eq!(prop(d, "tank/home", "direct"), "always");
 
     // Bad input: clear errors, nothing changed.
     let bad = |op: Op| d.run(op).unwrap_err().to_string();

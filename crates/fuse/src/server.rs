@@ -48,6 +48,16 @@
 //!   their files are opened with FOPEN_KEEP_CACHE and their directories with
 //!   FOPEN_CACHE_DIR, since they never change. Live files keep close-to-open consistency
 //!   (the page cache is dropped at open).
+//! - Direct I/O (the `direct` property, `DirectMode`): a read on a file whose open is direct
+//!   (O_DIRECT under `standard`, every open under `always`) does not keep its data blocks
+//!   in the ARC. The kernel itself sends O_DIRECT I/O past its page cache; under `always`
+//!   every regular file is opened with FOPEN_DIRECT_IO, so its reads and writes come here
+//!   as they are made (up to 1 MiB each, several at once for writes inside the file:
+//!   FOPEN_PARALLEL_DIRECT_WRITES) instead of through the page cache. The kernel writes a
+//!   file's dirty pages back before such I/O and drops its cached pages after a direct
+//!   write, and maps such files shared (FUSE_DIRECT_IO_ALLOW_MMAP) through the page
+//!   cache; a kernel without that (before 6.6) could not map them shared, so there
+//!   `always` keeps the page cache and only its ARC half applies.
 //! - copy_file_range, lseek (SEEK_DATA/SEEK_HOLE), poll and locks are left to the kernel's
 //!   generic code (ENOSYS, or no capability asked).
 
@@ -66,7 +76,8 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tank_dataset::posix::{
-    Attr, Cred, DirEntry, FileKind, Fs, Ino, RenameFlags, SetAttr, TimeSet, XattrMode, ROOT_INO,
+    Attr, Cred, DirEntry, DirectMode, FileKind, Fs, Ino, RenameFlags, SetAttr, TimeSet, XattrMode,
+    ROOT_INO,
 };
 use tank_dataset::Errno;
 
@@ -130,6 +141,9 @@ pub(crate) struct Server {
     /// Negotiated with the kernel at init.
     writeback: bool,
     killpriv_v2: bool,
+    /// The kernel maps files opened with FOPEN_DIRECT_IO shared (FUSE_DIRECT_IO_ALLOW_MMAP,
+    /// Linux 6.6): only then does `direct=always` bypass the page cache.
+    direct_mmap: bool,
     /// Whether to ask for FUSE over io_uring (its rings are ready), and whether requests
     /// come over it: set when INIT granted it (`mount` reads it then), cleared if the
     /// kernel later refuses the rings' entries.
@@ -156,6 +170,7 @@ impl Server {
             want_writeback: opts.wants_writeback(),
             writeback: false,
             killpriv_v2: false,
+            direct_mmap: false,
             want_uring,
             uring: Arc::default(),
             started: SystemTime::now(),
@@ -450,6 +465,18 @@ impl Server {
         }
     }
 
+    /// The flags of a regular file's open: with `direct=always` (module header) the file
+    /// bypasses the page cache, where the kernel can still map such a file shared.
+    fn file_open_flags(&self, slot: u16, fs: &Fs) -> FopenFlags {
+        if self.direct_mmap && fs.direct_mode() == DirectMode::Always {
+            FopenFlags::FOPEN_DIRECT_IO
+                | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+                | FopenFlags::FOPEN_NOFLUSH
+        } else {
+            self.open_flags(slot, false)
+        }
+    }
+
     fn do_open(&self, req: &Request, nodeid: INodeNo, flags: i32, dir: bool) -> Result<FopenFlags> {
         match Self::decode(nodeid)? {
             Node::Control | Node::SnapshotDir => {
@@ -466,7 +493,11 @@ impl Server {
                 }
                 let fs = self.slots.fs(slot)?;
                 fs.open(&self.cred(req), ino, flags)?;
-                Ok(self.open_flags(slot, dir))
+                Ok(if dir {
+                    self.open_flags(slot, dir)
+                } else {
+                    self.file_open_flags(slot, &fs)
+                })
             }
         }
     }
@@ -799,6 +830,7 @@ impl Filesystem for Server {
         ask(InitFlags::FUSE_CACHE_SYMLINKS);
         ask(InitFlags::FUSE_ATOMIC_O_TRUNC);
         ask(InitFlags::FUSE_ASYNC_DIO);
+        self.direct_mmap = ask(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         self.killpriv_v2 = ask(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         self.writeback = self.want_writeback && ask(InitFlags::FUSE_WRITEBACK_CACHE);
         if self.want_uring && ask(InitFlags::FUSE_OVER_IO_URING) {
@@ -1010,14 +1042,17 @@ impl Filesystem for Server {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self
-            .fs_node(ino)
-            .and_then(|(_, fs, ino)| fs.read(ino, offset, size))
-        {
+        match self.fs_node(ino).and_then(|(_, fs, ino)| {
+            if fs.direct_mode().applies(flags.0) {
+                fs.read_direct(ino, offset, size)
+            } else {
+                fs.read(ino, offset, size)
+            }
+        }) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(wire(e)),
         }
@@ -1234,7 +1269,7 @@ impl Filesystem for Server {
                     &e.attr,
                     Generation(e.generation),
                     FileHandle(0),
-                    self.open_flags(LIVE_SLOT, false),
+                    self.file_open_flags(LIVE_SLOT, self.slots.live()),
                 );
             }
             Err(e) => reply.error(wire(e)),

@@ -18,6 +18,7 @@ use libc::{
     EACCES, EDQUOT, EEXIST, EINVAL, EISDIR, ELOOP, ENAMETOOLONG, ENODATA, ENOENT, ENOSPC, ENOTDIR,
     ENOTEMPTY, EPERM, ERANGE, EROFS, EXDEV,
 };
+use tank_dataset::posix::DirectMode;
 use tank_fuse::{MountOptions, WritebackCache};
 
 const USER: u32 = 40_001;
@@ -969,6 +970,122 @@ fn shared_mmap_writes_reach_the_file() {
         drop(f);
         assert_eq!(fs::read(m.p("mapped")).unwrap(), data, "{writeback:?}");
     }
+}
+
+/// How many of the file's pages the kernel's page cache holds (mincore of a mapping that
+/// is never touched). The file must have no dirty pages: munmap writes them back holding
+/// this process's memory map lock, which the server, in this same process, then waits for.
+fn cached_pages(f: &File, len: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    let page = 4096;
+    let pages = len.div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+    vec.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+/// Whether this kernel maps files opened past the page cache shared (Linux 6.6).
+fn kernel_maps_direct_files() -> bool {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']);
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (6, 6)
+}
+
+#[test]
+fn direct_always_bypasses_the_page_cache_and_stays_coherent() {
+    require_fuse!();
+    let m = mounted();
+    let len = (4 << 20) + 123;
+    let data = noise(len, 31);
+    // (An open drops the file's cached pages: each file is looked at through the handle
+    // that wrote it.)
+    let written = |name: &str| {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(m.p(name))
+            .unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        f
+    };
+    // direct=standard: what is written stays in the page cache.
+    let buffered = written("buffered");
+    assert!(
+        cached_pages(&buffered, len) > 0,
+        "nothing cached with direct=standard"
+    );
+    drop(buffered);
+
+    *m.hooks.direct.lock() = DirectMode::Always;
+    let f = written("direct");
+    if kernel_maps_direct_files() {
+        assert_eq!(cached_pages(&f, len), 0, "direct=always left pages cached");
+    } else {
+        eprintln!("kernel before 6.6: direct=always keeps the page cache");
+    }
+    assert!(fs::read(m.p("direct")).unwrap() == data);
+    let mut odd = vec![0u8; 70_001];
+    f.read_exact_at(&mut odd, 1_000_003).unwrap();
+    assert!(odd[..] == data[1_000_003..1_070_004]);
+    // Unaligned writes inside the file, and O_APPEND at its end.
+    f.write_all_at(b"inside", 777_777).unwrap();
+    let mut a = OpenOptions::new().append(true).open(m.p("direct")).unwrap();
+    a.write_all(b"appended").unwrap();
+    drop(a);
+    let mut want = data.clone();
+    want[777_777..777_783].copy_from_slice(b"inside");
+    want.extend_from_slice(b"appended");
+    assert!(fs::read(m.p("direct")).unwrap() == want);
+
+    // A shared mapping and direct reads and writes see each other.
+    let mlen = 64 << 10;
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            mlen,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let map = std::slice::from_raw_parts_mut(p.cast::<u8>(), mlen);
+        assert_eq!(&map[..], &want[..mlen]);
+        // Stored through the mapping, read through the file: written back first.
+        map[5000..5005].copy_from_slice(b"mmap!");
+        let mut got = [0u8; 5];
+        f.read_exact_at(&mut got, 5000).unwrap();
+        assert_eq!(&got, b"mmap!");
+        // Written through the file, seen through the mapping: its pages were dropped.
+        f.write_all_at(b"write", 6000).unwrap();
+        assert_eq!(&map[6000..6005], b"write");
+        // Nothing left dirty for munmap (see `cached_pages`).
+        assert_eq!(libc::msync(p, mlen, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(p, mlen), 0);
+    }
+    want[5000..5005].copy_from_slice(b"mmap!");
+    want[6000..6005].copy_from_slice(b"write");
+    drop(f);
+    *m.hooks.direct.lock() = DirectMode::Standard;
+    assert!(fs::read(m.p("direct")).unwrap() == want);
+    assert!(fs::read(m.p("buffered")).unwrap() == data);
 }
 
 #[test]

@@ -864,7 +864,27 @@ impl ObjectSet {
     }
 
     pub fn read(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
-        let r = self.read_inner(obj, offset, len);
+        self.read_as(obj, offset, len, self.primarycache())
+    }
+
+    /// A direct read (the `direct` property): blocks already in the ARC are used, but the
+    /// data blocks read from the pool are not kept there, whatever `primarycache` says.
+    pub fn read_direct(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
+        let policy = match self.primarycache() {
+            CachePolicy::All => CachePolicy::Metadata,
+            p => p,
+        };
+        self.read_as(obj, offset, len, policy)
+    }
+
+    fn read_as(
+        &self,
+        obj: u64,
+        offset: u64,
+        len: usize,
+        policy: CachePolicy,
+    ) -> Result<Vec<u8>, ObjectError> {
+        let r = self.read_inner(obj, offset, len, policy);
         if let Err(ObjectError::Block(tank_block::BlockError::Checksum { .. })) = &r {
             if let Some(sink) = self.error_sink.get() {
                 sink(self.id, obj);
@@ -873,7 +893,13 @@ impl ObjectSet {
         r
     }
 
-    fn read_inner(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
+    fn read_inner(
+        &self,
+        obj: u64,
+        offset: u64,
+        len: usize,
+        policy: CachePolicy,
+    ) -> Result<Vec<u8>, ObjectError> {
         let info = self.stat(obj)?;
         if offset >= info.size || len == 0 {
             return Ok(Vec::new());
@@ -899,7 +925,6 @@ impl ObjectSet {
                 _ => blocks.push((k.offset, self.value_bytes(&v, false)?)),
             }
         }
-        let policy = self.primarycache();
         // Keep up to READ_PARALLEL blocks in flight; verify and copy them in order.
         // Blocks a sequential stream prefetched for us, if they are still the current ones.
         let mut prefetched: HashMap<u64, CachedRead> = {

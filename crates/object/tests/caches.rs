@@ -148,6 +148,41 @@ fn arc_hits_promote_and_the_budget_holds_on_a_pool() {
 }
 
 #[test]
+fn direct_reads_use_cached_blocks_but_keep_none_of_their_own() {
+    let r = rig(false);
+    r.pool.export().unwrap();
+    let devs: Vec<DeviceRef> = r.devs.values().cloned().collect();
+    let pool = reimport(&devs);
+    let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
+    let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    assert_eq!(os.primarycache(), CachePolicy::All);
+    let (id, want) = &r.model[0];
+    // A whole object read direct, in 1 MiB requests (sequential: prefetch runs too).
+    for off in (0..OBJ_SIZE).step_by(1 << 20) {
+        let got = os.read_direct(*id, off as u64, 1 << 20).unwrap();
+        assert_eq!(&got[..], &want[off..off + (1 << 20)], "at {off}");
+    }
+    let s = arc.stats();
+    assert_eq!(s.data_size, 0, "a direct read kept data: {s:?}");
+    assert!(s.demand_data_misses >= 8, "{s:?}");
+    // The same range read as usual is kept...
+    assert_eq!(&os.read(*id, 0, 1 << 20).unwrap()[..], &want[..1 << 20]);
+    let kept = arc.stats().data_size;
+    assert!(kept >= 1 << 20, "a plain read kept {kept} bytes");
+    // ...and a direct read then uses the cached copies.
+    let hits = arc.stats().demand_data_hits;
+    assert_eq!(
+        &os.read_direct(*id, 0, 1 << 20).unwrap()[..],
+        &want[..1 << 20]
+    );
+    let s = arc.stats();
+    assert!(s.demand_data_hits >= hits + 8, "{s:?}");
+    assert_eq!(s.data_size, kept);
+    pool.export().unwrap();
+}
+
+#[test]
 fn l2arc_serves_evicted_blocks_verified_and_survives_import() {
     set_feed_size();
     let r = rig(true);

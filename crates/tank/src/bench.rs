@@ -15,6 +15,9 @@
 //!   directory as `tank mount` mounts it; the same bytes written to one file through std::fs
 //!   with an fsync at the end; then unmount, export, drop the device files' cached pages,
 //!   import, mount and read the file cold; then the small-file test on that mount;
+//! - *tank FUSE direct=always* (`--fuse --direct`): the same on a dataset set
+//!   `direct=always`, so the streams bypass the kernel's page cache (and the ARC keeps
+//!   none of the file's data);
 //! - *zfs-fuse* (`--zfs-fuse`): the same layout under a running zfs-fuse daemon
 //!   (compression off, its largest record size 128K): the same file written and fsynced
 //!   through its mount, export, cached pages dropped, import, cold read, and (with `--fuse`)
@@ -78,6 +81,10 @@ pub struct BenchArgs {
     /// /dev/fuse), with the small-file test there and on the host file system.
     #[arg(long)]
     fuse: bool,
+    /// With --fuse, also measure a second FUSE dataset with `direct=always` (every file
+    /// past the kernel's page cache, its data blocks not kept in the ARC).
+    #[arg(long)]
+    direct: bool,
     /// Files of the small-file test (with --fuse; 0 skips it).
     #[arg(long, default_value_t = 100_000)]
     files: usize,
@@ -104,17 +111,26 @@ enum System {
     Engine,
     /// tank through its FUSE mount.
     Fuse,
+    /// tank through its FUSE mount, the dataset set `direct=always`.
+    FuseDirect,
     ZfsFuse,
 }
 
 impl System {
-    const ALL: [System; 4] = [System::Host, System::Engine, System::Fuse, System::ZfsFuse];
+    const ALL: [System; 5] = [
+        System::Host,
+        System::Engine,
+        System::Fuse,
+        System::FuseDirect,
+        System::ZfsFuse,
+    ];
 
     fn key(self) -> &'static str {
         match self {
             System::Host => "host",
             System::Engine => "engine",
             System::Fuse => "tank_fuse",
+            System::FuseDirect => "tank_fuse_direct",
             System::ZfsFuse => "zfs_fuse",
         }
     }
@@ -124,6 +140,7 @@ impl System {
             System::Host => "host fs",
             System::Engine => "engine",
             System::Fuse => "tank FUSE",
+            System::FuseDirect => "tank FUSE direct=always",
             System::ZfsFuse => "zfs-fuse",
         }
     }
@@ -283,12 +300,15 @@ fn ratios(fraction: f64) -> Vec<Ratio> {
         target: Some(0.8),
     }];
     // (numerator, denominator, the figures compared, target)
-    let pairs: [(System, System, &[Metric], Option<f64>); 5] = [
+    let pairs: [(System, System, &[Metric], Option<f64>); 8] = [
         (Engine, Host, &[Read], Some(0.8)),
         (Fuse, Engine, &[Write, Read], Some(0.6)),
+        (FuseDirect, Engine, &[Write, Read], Some(0.6)),
         (Fuse, ZfsFuse, &Metric::ALL, Some(2.0)),
+        (FuseDirect, ZfsFuse, &Metric::ALL, Some(2.0)),
         (Engine, ZfsFuse, &[Write, Read], None),
         (Fuse, Host, &Metric::SMALL, None),
+        (FuseDirect, Host, &Metric::SMALL, None),
     ];
     for (num, den, metrics, target) in pairs {
         for &m in metrics {
@@ -621,14 +641,15 @@ impl Drop for FusePool {
     }
 }
 
-/// tank through FUSE: a filesystem dataset (compression off, record size `record`) on a new
-/// pool of the bench layout, mounted in this process; a file written with an fsync, then
-/// unmount, export, import and mount again, and the file read cold; then the small-file
-/// test on the mount.
+/// tank through FUSE: a filesystem dataset (compression off, record size `record`, the
+/// `direct` property as given) on a new pool of the bench layout, mounted in this process;
+/// a file written with an fsync, then unmount, export, import and mount again, and the file
+/// read cold; then the small-file test on the mount.
 fn tank_fuse_run(
     a: &BenchArgs,
     size: u64,
     record: u32,
+    direct: &str,
     data: &[u8],
     per_dev: u64,
 ) -> Result<(Seq, Option<Small>)> {
@@ -645,6 +666,7 @@ fn tank_fuse_run(
             props: vec![
                 ("compression".into(), "off".into()),
                 ("recordsize".into(), record.to_string()),
+                ("direct".into(), direct.into()),
             ],
             parents: false,
         })?;
@@ -770,9 +792,14 @@ fn one_run(a: &BenchArgs, size: u64, record: u32, data: &[u8]) -> Result<Run> {
     run.cpu_read_per_gib = cpu_read / gib;
 
     if a.fuse {
-        let (seq, small) = tank_fuse_run(a, size, record, data, per_dev)?;
+        let (seq, small) = tank_fuse_run(a, size, record, "standard", data, per_dev)?;
         run.seq(System::Fuse, seq);
         run.small(System::Fuse, small);
+        if a.direct {
+            let (seq, small) = tank_fuse_run(a, size, record, "always", data, per_dev)?;
+            run.seq(System::FuseDirect, seq);
+            run.small(System::FuseDirect, small);
+        }
     }
     if a.zfs_fuse {
         let (seq, small) = zfs_fuse_run(a, size, data, per_dev)?;
@@ -833,6 +860,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.runs == 0 || a.devices == 0 {
         bail!("--runs and --devices must be at least 1");
+    }
+    if a.direct && !a.fuse {
+        bail!("--direct measures a second FUSE dataset: it needs --fuse");
     }
     std::fs::create_dir_all(&a.dir)
         .with_context(|| format!("cannot create {}", a.dir.display()))?;

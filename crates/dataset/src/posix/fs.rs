@@ -654,6 +654,21 @@ impl Fs {
     }
 
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.read_as(ino, offset, size, false)
+    }
+
+    /// A read on a file opened for direct I/O (`DirectMode::applies`): its data blocks
+    /// are not kept in the ARC.
+    pub fn read_direct(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.read_as(ino, offset, size, true)
+    }
+
+    /// The dataset's `direct` property, as it is now.
+    pub fn direct_mode(&self) -> DirectMode {
+        self.hooks.direct()
+    }
+
+    fn read_as(&self, ino: Ino, offset: u64, size: u32, direct: bool) -> Result<Vec<u8>> {
         let node = self.node(ino);
         let data = node.data.read();
         {
@@ -664,7 +679,11 @@ impl Fs {
                 _ => return Err(Errno::EINVAL),
             }
         }
-        let out = self.objset.read(ino, offset, size as usize)?;
+        let out = if direct {
+            self.objset.read_direct(ino, offset, size as usize)?
+        } else {
+            self.objset.read(ino, offset, size as usize)?
+        };
         self.touch_atime(&node)?;
         drop(data);
         Ok(out)

@@ -230,6 +230,32 @@ pub enum SyncMode {
     Disabled,
 }
 
+/// `direct` property (OpenZFS's Direct I/O): which reads and writes bypass the caches.
+/// Over FUSE the kernel's page cache is the first cache, the ARC the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectMode {
+    /// O_DIRECT is honoured: the kernel sends such I/O past its page cache, and the data
+    /// blocks it reads are not kept in the ARC (cached copies are still used).
+    #[default]
+    Standard,
+    /// Every open of a regular file is direct, as if opened with O_DIRECT.
+    Always,
+    /// O_DIRECT reads are cached in the ARC like any other. (The kernel still skips its
+    /// own page cache for an O_DIRECT open: FUSE gives the server no say in that.)
+    Disabled,
+}
+
+impl DirectMode {
+    /// Whether I/O on a file opened with `open_flags` is direct.
+    pub fn applies(self, open_flags: i32) -> bool {
+        match self {
+            Self::Always => true,
+            Self::Standard => open_flags & libc::O_DIRECT != 0,
+            Self::Disabled => false,
+        }
+    }
+}
+
 /// What the POSIX layer asks of the dataset it lives in: its properties and its space.
 /// The dataset layer implements it; tests implement it with fixed values.
 pub trait DatasetHooks: Send + Sync {
@@ -240,6 +266,10 @@ pub trait DatasetHooks: Send + Sync {
     /// Update access times on read (the `atime` property).
     fn atime(&self) -> bool;
     fn sync_mode(&self) -> SyncMode;
+    /// The `direct` property (read at each open).
+    fn direct(&self) -> DirectMode {
+        DirectMode::Standard
+    }
     /// Called before a change that may allocate up to `bytes` more: Err(EDQUOT) past a
     /// quota, Err(ENOSPC) when the pool (or the reservations of others) leave no room.
     fn check_space(&self, bytes: u64) -> Result<()>;

@@ -1,5 +1,6 @@
 //! Shared helpers of the FUSE tests: a pool on file devices in a temporary directory, an
-//! `Fs` on it mounted through the kernel, hooks with a quota and a read-only switch, a
+//! `Fs` on it mounted through the kernel, hooks with a quota, a read-only switch and the
+//! `direct` property, a
 //! snapshot source, and running code as another user.
 //!
 //! Every mount lives in its test's own temporary directory and is unmounted when the
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tank_dataset::posix::{DatasetHooks, Fs, SyncMode};
+use tank_dataset::posix::{DatasetHooks, DirectMode, Fs, SyncMode};
 use tank_dataset::Errno;
 use tank_device::{DeviceRef, FileDevice, FileDeviceOptions};
 use tank_fuse::{MountHandle, MountOptions, SnapshotSource};
@@ -64,6 +65,8 @@ pub struct TestHooks {
     pub quota: AtomicU64,
     pub charged: AtomicU64,
     pub sync_mode: SyncMode,
+    /// The `direct` property, changeable while mounted.
+    pub direct: Mutex<DirectMode>,
     pub pool_bytes: u64,
 }
 
@@ -74,6 +77,7 @@ impl TestHooks {
             quota: AtomicU64::new(u64::MAX),
             charged: AtomicU64::new(0),
             sync_mode: SyncMode::Standard,
+            direct: Mutex::new(DirectMode::Standard),
             pool_bytes,
         }
     }
@@ -91,6 +95,9 @@ impl DatasetHooks for TestHooks {
     }
     fn sync_mode(&self) -> SyncMode {
         self.sync_mode
+    }
+    fn direct(&self) -> DirectMode {
+        *self.direct.lock()
     }
     fn check_space(&self, bytes: u64) -> Result<(), Errno> {
         let quota = self.quota.load(Ordering::Acquire);
