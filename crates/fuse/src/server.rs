@@ -49,8 +49,8 @@
 //!   FOPEN_CACHE_DIR, since they never change. Live files keep close-to-open consistency
 //!   (the page cache is dropped at open).
 //! - Direct I/O (the `direct` property, `DirectMode`): a read on a file whose open is direct
-//!   (O_DIRECT under `standard`, every open under `always`) does not keep its data blocks
-//!   in the ARC. The kernel itself sends O_DIRECT I/O past its page cache; under `always`
+//!   (O_DIRECT under `standard`, every open under `always`) does not keep the data blocks
+//!   it reads whole in the ARC (`ObjectSet::read_direct`). The kernel itself sends O_DIRECT I/O past its page cache; under `always`
 //!   every regular file is opened with FOPEN_DIRECT_IO, so its reads and writes come here
 //!   as they are made (up to 1 MiB each, several at once for writes inside the file:
 //!   FOPEN_PARALLEL_DIRECT_WRITES) instead of through the page cache. The kernel writes a

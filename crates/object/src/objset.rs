@@ -864,17 +864,15 @@ impl ObjectSet {
     }
 
     pub fn read(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
-        self.read_as(obj, offset, len, self.primarycache())
+        self.read_as(obj, offset, len, false)
     }
 
-    /// A direct read (the `direct` property): blocks already in the ARC are used, but the
-    /// data blocks read from the pool are not kept there, whatever `primarycache` says.
+    /// A direct read (the `direct` property): blocks already in the ARC are used, but a
+    /// data block the read covers whole is not kept there, whatever `primarycache` says.
+    /// A block it reads only part of is kept as usual: the rest of it is likely read next,
+    /// and every read of a part reads and verifies the whole block.
     pub fn read_direct(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
-        let policy = match self.primarycache() {
-            CachePolicy::All => CachePolicy::Metadata,
-            p => p,
-        };
-        self.read_as(obj, offset, len, policy)
+        self.read_as(obj, offset, len, true)
     }
 
     fn read_as(
@@ -882,9 +880,9 @@ impl ObjectSet {
         obj: u64,
         offset: u64,
         len: usize,
-        policy: CachePolicy,
+        direct: bool,
     ) -> Result<Vec<u8>, ObjectError> {
-        let r = self.read_inner(obj, offset, len, policy);
+        let r = self.read_inner(obj, offset, len, direct);
         if let Err(ObjectError::Block(tank_block::BlockError::Checksum { .. })) = &r {
             if let Some(sink) = self.error_sink.get() {
                 sink(self.id, obj);
@@ -898,7 +896,7 @@ impl ObjectSet {
         obj: u64,
         offset: u64,
         len: usize,
-        policy: CachePolicy,
+        direct: bool,
     ) -> Result<Vec<u8>, ObjectError> {
         let info = self.stat(obj)?;
         if offset >= info.size || len == 0 {
@@ -925,6 +923,16 @@ impl ObjectSet {
                 _ => blocks.push((k.offset, self.value_bytes(&v, false)?)),
             }
         }
+        let policy = self.primarycache();
+        // What a direct read does with a block it covers whole (`read_direct`).
+        let whole_policy = match policy {
+            CachePolicy::All if direct => CachePolicy::Metadata,
+            p => p,
+        };
+        let covers = |blkid: u64| {
+            let start = blkid * bs;
+            start >= offset && (start + bs <= end || end == info.size)
+        };
         // Keep up to READ_PARALLEL blocks in flight; verify and copy them in order.
         // Blocks a sequential stream prefetched for us, if they are still the current ones.
         let mut prefetched: HashMap<u64, CachedRead> = {
@@ -954,6 +962,7 @@ impl ObjectSet {
             let Some((blkid, pending)) = queue.pop_front() else {
                 break;
             };
+            let policy = if covers(blkid) { whole_policy } else { policy };
             blocks.push((blkid, self.cache.complete(pending, false, policy)?));
         }
         self.prefetch_after(obj, offset, end, last)?;

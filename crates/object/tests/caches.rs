@@ -148,7 +148,7 @@ fn arc_hits_promote_and_the_budget_holds_on_a_pool() {
 }
 
 #[test]
-fn direct_reads_use_cached_blocks_but_keep_none_of_their_own() {
+fn direct_reads_use_cached_blocks_and_keep_only_those_they_read_in_part() {
     let r = rig(false);
     r.pool.export().unwrap();
     let devs: Vec<DeviceRef> = r.devs.values().cloned().collect();
@@ -179,6 +179,16 @@ fn direct_reads_use_cached_blocks_but_keep_none_of_their_own() {
     let s = arc.stats();
     assert!(s.demand_data_hits >= hits + 8, "{s:?}");
     assert_eq!(s.data_size, kept);
+    // A direct read of part of a block keeps it, so reading the rest costs no pool read.
+    let (id, want) = &r.model[1];
+    let got = os.read_direct(*id, 4096, 4096).unwrap();
+    assert_eq!(&got[..], &want[4096..8192]);
+    let s = arc.stats();
+    assert_eq!(s.data_size, kept + (128 << 10), "{s:?}");
+    let hits = s.demand_data_hits;
+    let got = os.read_direct(*id, 8192, 4096).unwrap();
+    assert_eq!(&got[..], &want[8192..12288]);
+    assert_eq!(arc.stats().demand_data_hits, hits + 1);
     pool.export().unwrap();
 }
 

@@ -17,7 +17,7 @@
 //!   import, mount and read the file cold; then the small-file test on that mount;
 //! - *tank FUSE direct=always* (`--fuse --direct`): the same on a dataset set
 //!   `direct=always`, so the streams bypass the kernel's page cache (and the ARC keeps
-//!   none of the file's data);
+//!   none of the blocks they read);
 //! - *zfs-fuse* (`--zfs-fuse`): the same layout under a running zfs-fuse daemon
 //!   (compression off, its largest record size 128K): the same file written and fsynced
 //!   through its mount, export, cached pages dropped, import, cold read, and (with `--fuse`)
@@ -82,7 +82,7 @@ pub struct BenchArgs {
     #[arg(long)]
     fuse: bool,
     /// With --fuse, also measure a second FUSE dataset with `direct=always` (every file
-    /// past the kernel's page cache, its data blocks not kept in the ARC).
+    /// past the kernel's page cache, the blocks a read covers whole not kept in the ARC).
     #[arg(long)]
     direct: bool,
     /// Files of the small-file test (with --fuse; 0 skips it).

@@ -657,8 +657,8 @@ impl Fs {
         self.read_as(ino, offset, size, false)
     }
 
-    /// A read on a file opened for direct I/O (`DirectMode::applies`): its data blocks
-    /// are not kept in the ARC.
+    /// A read on a file opened for direct I/O (`DirectMode::applies`): the data blocks it
+    /// reads whole are not kept in the ARC (`ObjectSet::read_direct`).
     pub fn read_direct(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
         self.read_as(ino, offset, size, true)
     }

@@ -235,7 +235,8 @@ pub enum SyncMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DirectMode {
     /// O_DIRECT is honoured: the kernel sends such I/O past its page cache, and the data
-    /// blocks it reads are not kept in the ARC (cached copies are still used).
+    /// blocks it reads whole are not kept in the ARC (cached copies are still used; a
+    /// block read in part is kept, as the rest of it is likely read next).
     #[default]
     Standard,
     /// Every open of a regular file is direct, as if opened with O_DIRECT.
