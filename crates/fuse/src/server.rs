@@ -50,14 +50,16 @@
 //!   (the page cache is dropped at open).
 //! - Direct I/O (the `direct` property, `DirectMode`): a read on a file whose open is direct
 //!   (O_DIRECT under `standard`, every open under `always`) does not keep the data blocks
-//!   it reads whole in the ARC (`ObjectSet::read_direct`). The kernel itself sends O_DIRECT I/O past its page cache; under `always`
-//!   every regular file is opened with FOPEN_DIRECT_IO, so its reads and writes come here
-//!   as they are made (up to 1 MiB each, several at once for writes inside the file:
-//!   FOPEN_PARALLEL_DIRECT_WRITES) instead of through the page cache. The kernel writes a
-//!   file's dirty pages back before such I/O and drops its cached pages after a direct
-//!   write, and maps such files shared (FUSE_DIRECT_IO_ALLOW_MMAP) through the page
-//!   cache; a kernel without that (before 6.6) could not map them shared, so there
-//!   `always` keeps the page cache and only its ARC half applies.
+//!   it reads whole in the ARC (`ObjectSet::read_direct`). The kernel itself sends O_DIRECT
+//!   I/O past its page cache; under `always` every regular file is opened with
+//!   FOPEN_DIRECT_IO, so its reads and writes come here as they are made (up to 1 MiB
+//!   each, several at once for writes inside the file: FOPEN_PARALLEL_DIRECT_WRITES)
+//!   instead of through the page cache. The kernel writes a file's dirty pages back before
+//!   such I/O and drops its cached pages after a direct write, and maps such files shared
+//!   (FUSE_DIRECT_IO_ALLOW_MMAP) through the page cache; a kernel without that (before
+//!   6.6) could not map them shared, so there `always` keeps the page cache and only its
+//!   ARC half applies. The property is read at each open and each read, so a `set` applies
+//!   to the files opened after it, as to the reads of those open already.
 //! - copy_file_range, lseek (SEEK_DATA/SEEK_HOLE), poll and locks are left to the kernel's
 //!   generic code (ENOSYS, or no capability asked).
 
