@@ -855,14 +855,14 @@ impl ObjectSet {
         Ok((Some(v), padded as i64 - old as i64))
     }
 
-    /// Reads up to `len` bytes at `offset`; short at the end of the object. The blocks of a
-    /// large read are kept in flight together (up to `READ_PARALLEL`), so every device works
-    /// while a single caller streams.
     /// Sets where reads report objects damaged beyond repair (once).
     pub fn set_error_sink(&self, sink: ErrorSink) {
         let _ = self.error_sink.set(sink);
     }
 
+    /// Reads up to `len` bytes at `offset`; short at the end of the object. The blocks of a
+    /// large read are kept in flight together (up to `READ_PARALLEL`), so every device works
+    /// while a single caller streams.
     pub fn read(&self, obj: u64, offset: u64, len: usize) -> Result<Vec<u8>, ObjectError> {
         self.read_as(obj, offset, len, false)
     }
