@@ -58,8 +58,8 @@
 //!   such I/O and drops its cached pages after a direct write, and maps such files shared
 //!   (FUSE_DIRECT_IO_ALLOW_MMAP) through the page cache; a kernel without that (before
 //!   6.6) could not map them shared, so there `always` keeps the page cache and only its
-//!   ARC half applies. The property is read at each open and each read, so a `set` applies
-//!   to the files opened after it, as to the reads of those open already.
+//!   ARC half applies. The property is read at each open (the handle, `DIRECT_FH`, carries
+//!   the answer to its reads), so a `set` applies to the files opened after it.
 //! - copy_file_range, lseek (SEEK_DATA/SEEK_HOLE), poll and locks are left to the kernel's
 //!   generic code (ENOSYS, or no capability asked).
 
@@ -96,6 +96,9 @@ use crate::SnapshotSource;
 pub const CONTROL_NAME: &str = ".tank";
 /// Its one entry.
 pub const SNAPSHOT_DIR_NAME: &str = "snapshot";
+
+/// The file handle of a direct open (`Server::file_open`); every other open's is 0.
+const DIRECT_FH: u64 = 1;
 
 /// Largest write the kernel may send in one request, and the readahead we ask for.
 pub(crate) const MAX_IO_BYTES: u32 = 1 << 20;
@@ -467,25 +470,47 @@ impl Server {
         }
     }
 
-    /// The flags of a regular file's open: with `direct=always` (module header) the file
-    /// bypasses the page cache, where the kernel can still map such a file shared.
-    fn file_open_flags(&self, slot: u16, fs: &Fs) -> FopenFlags {
-        if self.direct_mmap && fs.direct_mode() == DirectMode::Always {
-            FopenFlags::FOPEN_DIRECT_IO
-                | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-                | FopenFlags::FOPEN_NOFLUSH
+    /// The handle and flags of a regular file's open (`open_flags` 0 and O_DIRECT...): a
+    /// direct open (module header) gets `DIRECT_FH`, which its reads check, and under
+    /// `direct=always` bypasses the page cache where the kernel can still map such a file
+    /// shared. The property is read here, once per open.
+    fn file_open(&self, slot: u16, fs: &Fs, open_flags: i32) -> (FileHandle, FopenFlags) {
+        let mode = fs.direct_mode();
+        let fh = FileHandle(if mode.applies(open_flags) {
+            DIRECT_FH
         } else {
-            self.open_flags(slot, false)
+            0
+        });
+        if self.direct_mmap && mode == DirectMode::Always {
+            let flags = FopenFlags::FOPEN_DIRECT_IO
+                | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+                | FopenFlags::FOPEN_NOFLUSH;
+            (fh, flags)
+        } else {
+            (fh, self.open_flags(slot, false))
         }
     }
 
-    fn do_open(&self, req: &Request, nodeid: INodeNo, flags: i32, dir: bool) -> Result<FopenFlags> {
+    /// Whether a read is direct: its open was, or O_DIRECT was set on the file since
+    /// (fcntl) and the property honours it.
+    fn read_is_direct(fh: FileHandle, flags: i32, fs: &Fs) -> bool {
+        fh.0 == DIRECT_FH
+            || (flags & libc::O_DIRECT != 0 && fs.direct_mode() != DirectMode::Disabled)
+    }
+
+    fn do_open(
+        &self,
+        req: &Request,
+        nodeid: INodeNo,
+        flags: i32,
+        dir: bool,
+    ) -> Result<(FileHandle, FopenFlags)> {
         match Self::decode(nodeid)? {
             Node::Control | Node::SnapshotDir => {
                 if flags & libc::O_ACCMODE != libc::O_RDONLY {
                     return Err(Errno::EISDIR);
                 }
-                Ok(FopenFlags::FOPEN_KEEP_CACHE)
+                Ok((FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE))
             }
             Node::Fs { slot, ino } => {
                 let changes =
@@ -496,9 +521,9 @@ impl Server {
                 let fs = self.slots.fs(slot)?;
                 fs.open(&self.cred(req), ino, flags)?;
                 Ok(if dir {
-                    self.open_flags(slot, dir)
+                    (FileHandle(0), self.open_flags(slot, dir))
                 } else {
-                    self.file_open_flags(slot, &fs)
+                    self.file_open(slot, &fs, flags)
                 })
             }
         }
@@ -1032,7 +1057,7 @@ impl Filesystem for Server {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.do_open(req, ino, flags.0, false) {
-            Ok(fopen) => reply.opened(FileHandle(0), fopen),
+            Ok((fh, fopen)) => reply.opened(fh, fopen),
             Err(e) => reply.error(wire(e)),
         }
     }
@@ -1041,7 +1066,7 @@ impl Filesystem for Server {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         flags: OpenFlags,
@@ -1049,7 +1074,7 @@ impl Filesystem for Server {
         reply: ReplyData,
     ) {
         match self.fs_node(ino).and_then(|(_, fs, ino)| {
-            if fs.direct_mode().applies(flags.0) {
+            if Self::read_is_direct(fh, flags.0, &fs) {
                 fs.read_direct(ino, offset, size)
             } else {
                 fs.read(ino, offset, size)
@@ -1128,7 +1153,7 @@ impl Filesystem for Server {
 
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.do_open(req, ino, flags.0, true) {
-            Ok(fopen) => reply.opened(FileHandle(0), fopen),
+            Ok((fh, fopen)) => reply.opened(fh, fopen),
             Err(e) => reply.error(wire(e)),
         }
     }
@@ -1265,13 +1290,14 @@ impl Filesystem for Server {
     ) {
         match self.do_create(req, parent, name, mode, umask, flags) {
             Ok(e) => {
+                let (fh, fopen) = self.file_open(LIVE_SLOT, self.slots.live(), flags);
                 // fuser has one TTL for both the name and the attributes here.
                 reply.created(
                     &e.entry_ttl.min(e.attr_ttl),
                     &e.attr,
                     Generation(e.generation),
-                    FileHandle(0),
-                    self.file_open_flags(LIVE_SLOT, self.slots.live()),
+                    fh,
+                    fopen,
                 );
             }
             Err(e) => reply.error(wire(e)),

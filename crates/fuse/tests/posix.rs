@@ -931,6 +931,24 @@ fn fallocate_modes() {
     assert_eq!(f.metadata().unwrap().len(), 1 << 20);
 }
 
+/// A shared mapping of the first `len` bytes of `f` (unmapped by the caller).
+fn map_shared(f: &File, len: usize, prot: libc::c_int) -> *mut libc::c_void {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a new mapping of a valid descriptor; nothing is read or written here.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    p
+}
+
 #[test]
 fn shared_mmap_writes_reach_the_file() {
     require_fuse!();
@@ -952,17 +970,8 @@ fn shared_mmap_writes_reach_the_file() {
             .unwrap();
         f.set_len(len as u64).unwrap();
         let data = noise(len, 21);
+        let p = map_shared(&f, len, libc::PROT_READ | libc::PROT_WRITE);
         unsafe {
-            use std::os::fd::AsRawFd;
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
             std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>(), len);
             assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0);
             assert_eq!(libc::munmap(p, len), 0);
@@ -976,20 +985,11 @@ fn shared_mmap_writes_reach_the_file() {
 /// is never touched). The file must have no dirty pages: munmap writes them back holding
 /// this process's memory map lock, which the server, in this same process, then waits for.
 fn cached_pages(f: &File, len: usize) -> usize {
-    use std::os::fd::AsRawFd;
     let page = 4096;
     let pages = len.div_ceil(page);
     let mut vec = vec![0u8; pages];
+    let p = map_shared(f, len, libc::PROT_READ);
     unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
         assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
         assert_eq!(libc::munmap(p, len), 0);
     }
@@ -1055,17 +1055,8 @@ fn direct_always_bypasses_the_page_cache_and_stays_coherent() {
 
     // A shared mapping and direct reads and writes see each other.
     let mlen = 64 << 10;
+    let p = map_shared(&f, mlen, libc::PROT_READ | libc::PROT_WRITE);
     unsafe {
-        use std::os::fd::AsRawFd;
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            mlen,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
         let map = std::slice::from_raw_parts_mut(p.cast::<u8>(), mlen);
         assert_eq!(&map[..], &want[..mlen]);
         // Stored through the mapping, read through the file: written back first.
