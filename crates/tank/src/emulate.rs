@@ -14,7 +14,9 @@
 //! - `--engine`: one object written by records with a final sync, read back, and random
 //!   8 KiB reads, through the object layer; beside it one emulated device of the profile
 //!   measured raw in the same run (the baseline that shows the emulation keeps to the
-//!   profile, and what the pool makes of it).
+//!   profile, and what the pool makes of it), and before that the same file bare: a host
+//!   whose files are not well above the profile's pace cannot emulate it, and the output
+//!   says so.
 //!
 //! The process's ARC is set to `--arc` (a build scaled down in capacity is scaled down in
 //! memory too), and the default size is four times that, so the cache cannot flatter reads.
@@ -118,6 +120,14 @@ fn device_size(build: &EmulatedBuild, bytes: u64) -> u64 {
 /// An emulated device of `profile` on a sparse file at `path` (scratch: its flushes cost the
 /// model's time, not the host disk's).
 fn emulated_device(path: &Path, profile: &DeviceProfile, bytes: u64) -> Result<EmulatedDevice> {
+    Ok(EmulatedDevice::scratch(
+        device_file(path, bytes)?,
+        profile.model(bytes),
+    ))
+}
+
+/// A new sparse file of `bytes` at `path`, as a device.
+fn device_file(path: &Path, bytes: u64) -> Result<DeviceRef> {
     let file = FileDevice::open(
         path,
         &FileDeviceOptions {
@@ -125,10 +135,7 @@ fn emulated_device(path: &Path, profile: &DeviceProfile, bytes: u64) -> Result<E
             ..Default::default()
         },
     )?;
-    Ok(EmulatedDevice::scratch(
-        Arc::new(file),
-        profile.model(bytes),
-    ))
+    Ok(Arc::new(file))
 }
 
 /// Builds the emulated pool of `build` in `dir` (device files of `dev_size`, log and cache
@@ -277,16 +284,37 @@ fn random_offsets(span: u64, n: usize) -> Vec<u64> {
         .collect()
 }
 
-/// One emulated device of `profile` measured raw: `size` bytes written and read in 1 MiB
-/// requests from the start, then `seeks` random 8 KiB reads over them.
+/// One device file measured raw, first bare (the host's own pace, which bounds any emulation
+/// on it) and then as an emulated device of `profile`: `size` bytes written and read in 1 MiB
+/// requests from the start, then `seeks` random 8 KiB reads over the whole device. The bare
+/// phases run twice and the second pass counts: the first allocates the file's pages (a
+/// machine's first touch of fresh memory can be slower than anything after it), so both
+/// measured passes see the file in the same state.
 fn raw_device(
     profile: &DeviceProfile,
     size: u64,
     seeks: usize,
     run: usize,
-) -> Result<EmulatedFigures> {
+) -> Result<(EmulatedFigures, EmulatedFigures)> {
     let tmp = temp_dir("emulate-raw", run)?;
-    let dev = emulated_device(&tmp.0.join("raw"), profile, size.max(1 << 30))?;
+    let bytes = size.max(1 << 30);
+    let file = device_file(&tmp.0.join("raw"), bytes)?;
+    stream_phases(&*file, size, seeks, false)?;
+    let host = stream_phases(&*file, size, seeks, false)?;
+    let dev = EmulatedDevice::scratch(file, profile.model(bytes));
+    let emulated = stream_phases(&dev, size, seeks, true)?;
+    Ok((host, emulated))
+}
+
+/// The raw phases of `raw_device` on `dev`; `flush` ends the write phase with a flush (a
+/// scratch emulated device's costs the model's time; the bare file's would cost the host
+/// disk's, which no emulation pays).
+fn stream_phases(
+    dev: &dyn BlockDevice,
+    size: u64,
+    seeks: usize,
+    flush: bool,
+) -> Result<EmulatedFigures> {
     let chunk = stream_chunk();
     let req = 1usize << 20;
     let t = Instant::now();
@@ -297,7 +325,9 @@ fn raw_device(
         dev.write_at(&chunk[i..i + req], off)?;
         off += req as u64;
     }
-    dev.flush()?;
+    if flush {
+        dev.flush()?;
+    }
     let write = off as f64 / t.elapsed().as_secs_f64() / 1e6;
     let mut buf = vec![0u8; req];
     let t = Instant::now();
@@ -384,6 +414,37 @@ fn engine_run(
     result
 }
 
+/// How much faster than a profile the bare host file must be for the emulation to keep to
+/// the profile: each emulated operation costs the longer of the host's time and the model's,
+/// so a host near the profile's pace drags the average below it.
+pub const HOST_MARGIN: f64 = 2.0;
+
+/// The figures for which the bare host file was under `HOST_MARGIN` times the profile.
+fn host_bound(host: &EmulatedFigures, profile: &EmulatedFigures) -> Vec<&'static str> {
+    let pairs = [
+        (
+            "seq_output_block_mb_s",
+            host.seq_output_block_mb_s,
+            profile.seq_output_block_mb_s,
+        ),
+        (
+            "seq_input_block_mb_s",
+            host.seq_input_block_mb_s,
+            profile.seq_input_block_mb_s,
+        ),
+        (
+            "random_seeks_per_s",
+            host.random_seeks_per_s,
+            profile.random_seeks_per_s,
+        ),
+    ];
+    pairs
+        .into_iter()
+        .filter(|&(_, h, p)| h < HOST_MARGIN * p)
+        .map(|(name, _, _)| name)
+        .collect()
+}
+
 fn medians(all: &[EmulatedFigures]) -> EmulatedFigures {
     let med = |f: fn(&EmulatedFigures) -> f64| median(&mut all.iter().map(f).collect::<Vec<_>>());
     EmulatedFigures {
@@ -401,13 +462,15 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
     }
     let seeks = 400;
     let raw_size = size.min(512 << 20);
-    let (mut pool, mut raw) = (Vec::new(), Vec::new());
+    let (mut pool, mut raw, mut bare) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..runs {
         eprintln!("run {}/{runs}: {spec}, {} ...", r + 1, human(size));
-        raw.push(raw_device(&build.profile, raw_size, seeks, r)?);
+        let (host_file, device) = raw_device(&build.profile, raw_size, seeks, r)?;
+        bare.push(host_file);
+        raw.push(device);
         pool.push(engine_run(&build, size, recordsize, seeks, r)?);
     }
-    let (result, device) = (medians(&pool), medians(&raw));
+    let (result, device, host) = (medians(&pool), medians(&raw), medians(&bare));
     let p = &build.profile;
     let profile = EmulatedFigures {
         seq_output_block_mb_s: p.write_bw / 1e6,
@@ -416,7 +479,8 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
     };
     if json {
         let out = serde_json::json!({"emulate": spec, "size": size, "recordsize": recordsize, "runs": runs,
-            "median": result, "raw_device": device, "profile": profile, "device_profile": p});
+            "median": result, "raw_device": device, "host_file": host, "profile": profile,
+            "device_profile": p, "host_bound": host_bound(&host, &profile)});
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -433,16 +497,23 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
         ("Random seeks", |f| f.random_seeks_per_s, "/s (8 KiB reads)"),
     ];
     println!(
-        "  {:<18} {:>10} {:>10} {:>10} {:>12}",
-        "FIGURE", "POOL", "DEVICE", "PROFILE", "DEVICE/PROF"
+        "  {:<18} {:>10} {:>10} {:>10} {:>12} {:>10}",
+        "FIGURE", "POOL", "DEVICE", "PROFILE", "DEVICE/PROF", "HOST FILE"
     );
     for (name, f, unit) in rows {
         println!(
-            "  {name:<18} {:>10.1} {:>10.1} {:>10.1} {:>11.0}%  {unit}",
+            "  {name:<18} {:>10.1} {:>10.1} {:>10.1} {:>11.0}% {:>10.1}  {unit}",
             f(&result),
             f(&device),
             f(&profile),
-            f(&device) / f(&profile) * 100.0
+            f(&device) / f(&profile) * 100.0,
+            f(&host)
+        );
+    }
+    for figure in host_bound(&host, &profile) {
+        println!(
+            "  warning: the bare host file is under {HOST_MARGIN}x the profile's {figure}: \
+             the emulation cannot keep to the profile there, and the figures show the host's pace"
         );
     }
     println!(
