@@ -32,6 +32,11 @@
 //! each file's bytes; this one only stats). Stream reads check a sample of every request
 //! against what was written, the stat phase every file's size.
 //!
+//! The report names the machine's cpuidle driver, governor and guest halt-polling window:
+//! where a halted vCPU is woken through the hypervisor, that wake-up is most of a FUSE
+//! metadata round trip. `--awake` keeps every CPU out of halt at idle priority for the
+//! whole measurement, every system alike (`awake.rs`).
+//!
 //! Systems alternate within each run, so a noisy neighbour hits them alike. Each figure is
 //! the median of `--runs` runs (with min and max); each ratio is computed per run and then
 //! medianed. The ideal pool write is `raw_write x data fraction` (5/7 for raidz2 of 7), since
@@ -98,6 +103,10 @@ pub struct BenchArgs {
     /// Open the pool's device files through the page cache instead of O_DIRECT.
     #[arg(long)]
     buffered: bool,
+    /// Keep every CPU out of halt for the whole measurement with an idle-priority spinner
+    /// per CPU (as guest halt polling would), for every system measured alike.
+    #[arg(long)]
+    awake: bool,
     #[arg(long)]
     json: bool,
 }
@@ -479,17 +488,9 @@ fn small_phase(a: &BenchArgs, root: &Path) -> Result<Option<Small>> {
     small_files(root, a.files).map(Some)
 }
 
+/// CPU time of this process, without `--awake`'s spinners.
 fn cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.to_string();
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let utime: f64 = f.get(11)?.parse().ok()?;
-            let stime: f64 = f.get(12)?.parse().ok()?;
-            Some((utime + stime) / 100.0)
-        })
-        .unwrap_or(0.0)
+    crate::awake::stat_cpu_seconds("/proc/self/stat") - crate::awake::spinners_cpu_seconds()
 }
 
 fn run_cmd(cmd: &str, args: &[&str]) -> Result<()> {
@@ -868,6 +869,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .with_context(|| format!("cannot create {}", a.dir.display()))?;
     let mut data = vec![0u8; 8 << 20];
     rand::rngs::StdRng::seed_from_u64(42).fill_bytes(&mut data);
+    let idle_states = crate::awake::idle_states();
+    let awake = if a.awake {
+        Some(crate::awake::Awake::start()?)
+    } else {
+        None
+    };
     let mut runs = Vec::new();
     for i in 0..a.runs {
         eprintln!(
@@ -880,6 +887,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
         runs.push(one_run(&a, size, record as u32, &data)?);
     }
+    let awake = awake.map(|w| {
+        let n = w.count();
+        drop(w);
+        n
+    });
     let spread = |k: Key| {
         Spread::of(
             runs.iter()
@@ -928,6 +940,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "zfs_fuse_cold_read_mb_s": mb((System::ZfsFuse, Metric::Read)),
         "write_ratio_to_ideal": ratio_of("engine write / ideal"), "read_ratio_to_raw": ratio_of("engine cold read / host"),
         "direct": !a.buffered,
+        "idle_states": idle_states, "awake_spinners": awake,
         "cpu_s_per_gib_write": cpu_w, "cpu_s_per_gib_read": cpu_r,
         "figures": figures,
         "ratios": ratios.iter().map(|(r, s)| serde_json::json!({
@@ -964,6 +977,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
             None => String::new(),
         },
         a.runs
+    );
+    println!(
+        "idle states: {idle_states}{}",
+        match awake {
+            Some(n) => format!("; CPUs kept out of halt by {n} idle-priority spinners (--awake)"),
+            None => String::new(),
+        }
     );
     let metrics: Vec<Metric> = Metric::ALL
         .into_iter()

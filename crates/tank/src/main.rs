@@ -8,6 +8,7 @@
 
 #[macro_use]
 mod out;
+mod awake;
 mod bench;
 mod bench_cache;
 mod bench_scrub;
