@@ -417,7 +417,7 @@ fn engine_run(
 /// How much faster than a profile the bare host file must be for the emulation to keep to
 /// the profile: each emulated operation costs the longer of the host's time and the model's,
 /// so a host near the profile's pace drags the average below it.
-pub const HOST_MARGIN: f64 = 2.0;
+const HOST_MARGIN: f64 = 2.0;
 
 /// The figures for which the bare host file was under `HOST_MARGIN` times the profile.
 fn host_bound(host: &EmulatedFigures, profile: &EmulatedFigures) -> Vec<&'static str> {
@@ -480,7 +480,7 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
     if json {
         let out = serde_json::json!({"emulate": spec, "size": size, "recordsize": recordsize, "runs": runs,
             "median": result, "raw_device": device, "host_file": host, "profile": profile,
-            "device_profile": p, "host_bound": host_bound(&host, &profile)});
+            "device_profile": p, "host_margin": HOST_MARGIN, "host_bound": host_bound(&host, &profile)});
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
