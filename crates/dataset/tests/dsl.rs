@@ -63,6 +63,7 @@ fn reopen(f: Fixture) -> Fixture {
             force: false,
             missing_log: false,
             tunables: Some(tunables()),
+            supported_features: None,
         },
     )
     .unwrap();

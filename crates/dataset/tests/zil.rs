@@ -458,3 +458,84 @@ fn a_mirrored_log_keeps_working_on_one_side() {
     drop(_store);
     pool.shutdown().unwrap();
 }
+
+/// A build that does not know the intent log would import a crashed pool and lose what the
+/// log holds (writes acknowledged to fsync). While the log may hold records the labels list
+/// the `intent_log` feature, so such a build refuses the import naming it; once the pool is
+/// closed cleanly the feature is gone and any build imports it.
+#[test]
+fn a_build_without_the_intent_log_refuses_a_pool_whose_log_holds_records() {
+    let fleet = SimFleet::new(seed(0x2170_0016));
+    let (_devs, pool, store) = log_pool(&fleet, false);
+    let (fs, f) = mount_with_file(&store);
+    let root = Cred::root();
+    store.sync().unwrap();
+    let features = |p: &Pool| p.config().features;
+    assert!(
+        !features(&pool).iter().any(|f| f == "intent_log"),
+        "no log written yet: {:?}",
+        features(&pool)
+    );
+    // The first fsync asks for the log's region in the pool, which its txg allocates.
+    fs.write(&root, f, 0, b"committed by a txg", false).unwrap();
+    fs.fsync(f, false).unwrap();
+    assert_eq!(pool.zil.stats().commits, 0);
+    fs.write(&root, f, 0, b"acknowledged by the log only", false)
+        .unwrap();
+    fs.fsync(f, false).unwrap();
+    assert!(pool.zil.stats().commits >= 1);
+    assert!(features(&pool).iter().any(|f| f == "intent_log"));
+    drop(fs);
+    drop(store);
+    drop(pool);
+
+    let images = fleet.crash_images(CrashMode::DropUnflushed);
+    let devs = |images: &[(String, Vec<u8>)]| -> Vec<DeviceRef> {
+        images
+            .iter()
+            .map(|(n, b)| {
+                Arc::new(tank_device::MemDevice::from_bytes(n.clone(), b.clone())) as DeviceRef
+            })
+            .collect()
+    };
+    let older: &'static [&'static str] = &["spacemap_log", "cow_btree", "raidz_rs"];
+    let as_older = ImportOptions {
+        tunables: Some(manual_txgs()),
+        supported_features: Some(older),
+        ..Default::default()
+    };
+    let err = Pool::import(&devs(&images), &as_older)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("'intent_log'") && err.contains("replayed"),
+        "refused naming the feature: {err}"
+    );
+
+    // This build imports it, replays the record and, closed cleanly, leaves no feature.
+    let mem = devs(&images);
+    let opts = ImportOptions {
+        tunables: Some(manual_txgs()),
+        ..Default::default()
+    };
+    let pool = Pool::import(&mem, &opts).unwrap();
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    assert!(store.replay_log().unwrap() >= 1);
+    let read_f = |store: &Arc<ObjectStore>| {
+        let fs = mount(store, &hooks()).unwrap();
+        fsck(&fs, store).unwrap();
+        let a = fs.lookup(&root, ROOT_INO, os("f")).unwrap();
+        fs.read(a.ino, 0, 1 << 10).unwrap()
+    };
+    assert_eq!(read_f(&store), b"acknowledged by the log only");
+    drop(store);
+    pool.shutdown().unwrap();
+    assert!(!features(&pool).iter().any(|f| f == "intent_log"));
+    drop(pool);
+    let pool = Pool::import(&mem, &as_older)
+        .unwrap_or_else(|e| panic!("a cleanly closed pool imports without the feature: {e}"));
+    let store = ObjectStore::open(pool.clone()).unwrap();
+    assert_eq!(read_f(&store), b"acknowledged by the log only");
+    drop(store);
+    pool.shutdown().unwrap();
+}

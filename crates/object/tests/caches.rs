@@ -27,6 +27,7 @@ fn reimport(devs: &[DeviceRef]) -> Arc<Pool> {
             force: false,
             missing_log: false,
             tunables: Some(manual_txgs()),
+            supported_features: None,
         },
     )
     .unwrap()

@@ -11,8 +11,42 @@ use serde::{Deserialize, Serialize};
 /// On-disk format version of tank pools (labels, uberblocks, blocks). docs/FORMAT.md.
 pub const FORMAT_VERSION: u32 = 1;
 
-/// Feature flags this build can read. A pool whose label lists a feature not here is refused.
-pub const SUPPORTED_FEATURES: &[&str] = &["spacemap_log", "cow_btree", "raidz_rs"];
+/// Feature flags this build can read. A pool whose label lists a feature not here is refused
+/// at import, naming the feature (`unsupported_features`).
+pub const SUPPORTED_FEATURES: &[&str] =
+    &["spacemap_log", "cow_btree", "raidz_rs", FEATURE_INTENT_LOG];
+
+/// The features every pool has from its creation on.
+pub const CREATE_FEATURES: &[&str] = &["spacemap_log", "cow_btree", "raidz_rs"];
+
+/// Listed in the labels while the intent log may hold records that import must replay: from
+/// before the first log block a process writes until the pool is closed cleanly (every record
+/// then belongs to a committed txg). A build that does not know it refuses the import instead
+/// of losing writes acknowledged to fsync (docs/FORMAT.md §13).
+pub const FEATURE_INTENT_LOG: &str = "intent_log";
+
+/// What each feature means, for the refusal of a pool that lists one this build lacks.
+pub fn feature_meaning(feature: &str) -> &'static str {
+    match feature {
+        FEATURE_INTENT_LOG => {
+            "its intent log holds synchronous writes that must be replayed at import"
+        }
+        "spacemap_log" => "space maps kept as a log",
+        "cow_btree" => "copy-on-write B+tree object sets",
+        "raidz_rs" => "RAID-Z parity",
+        _ => "written by a newer build",
+    }
+}
+
+/// The features of `config` that are not in `supported`.
+pub fn unsupported_features<'a>(config: &'a PoolConfig, supported: &[&str]) -> Vec<&'a str> {
+    config
+        .features
+        .iter()
+        .map(String::as_str)
+        .filter(|f| !supported.contains(f))
+        .collect()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -170,11 +204,8 @@ impl PoolConfig {
                 cfg.version
             ));
         }
-        for f in &cfg.features {
-            if !SUPPORTED_FEATURES.contains(&f.as_str()) {
-                return Err(format!("pool uses unsupported feature '{f}'"));
-            }
-        }
+        // Features are checked at import (`unsupported_features`), so that a pool using one
+        // this build lacks is still found and refused with its name rather than not seen.
         if !(9..=16).contains(&cfg.ashift) {
             return Err(format!("invalid ashift {}", cfg.ashift));
         }

@@ -35,8 +35,9 @@ use crate::commit::{
     decode_objset_table, encode_objset_table, RootBlock, SpaceMapBlock, CONDENSE_CHAIN,
 };
 use crate::config::{
-    hostname, now_secs, LeafConfig, PoolConfig, PoolState, TopConfig, TopKind, VdevClass,
-    FORMAT_VERSION, SUPPORTED_FEATURES,
+    feature_meaning, hostname, now_secs, unsupported_features, LeafConfig, PoolConfig, PoolState,
+    TopConfig, TopKind, VdevClass, CREATE_FEATURES, FEATURE_INTENT_LOG, FORMAT_VERSION,
+    SUPPORTED_FEATURES,
 };
 use crate::history::{self, HistoryRecord};
 use crate::label::{self, Uberblock};
@@ -96,6 +97,9 @@ pub struct ImportOptions {
     /// discarded (`import -m`).
     pub missing_log: bool,
     pub tunables: Option<TxgTunables>,
+    /// The features this build reads (None: `SUPPORTED_FEATURES`). Tests give a smaller set
+    /// to import as a build that lacks a feature would.
+    pub supported_features: Option<&'static [&'static str]>,
 }
 
 /// A pool found on devices, for `pool import` without a name.
@@ -179,6 +183,9 @@ pub struct Pool {
     pub import_notes: Vec<String>,
     /// The intent log (`zil.rs`).
     pub zil: crate::zil::IntentLog,
+    /// Whether the labels list `intent_log` (`FEATURE_INTENT_LOG`): set before the first log
+    /// write, cleared when the pool is closed cleanly. Held while the labels change.
+    log_feature: Mutex<bool>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -414,7 +421,7 @@ impl Pool {
             hostname: hostname(),
             txg: 1,
             create_time: now_secs(),
-            features: SUPPORTED_FEATURES.iter().map(|s| s.to_string()).collect(),
+            features: CREATE_FEATURES.iter().map(|s| s.to_string()).collect(),
             ashift: opts.ashift,
             leaf_asize,
             vdevs,
@@ -570,6 +577,7 @@ impl Pool {
             config_changed: AtomicBool::new(false),
             import_notes: notes,
             zil: crate::zil::IntentLog::new(None),
+            log_feature: Mutex::new(false),
         })
     }
 
@@ -1547,6 +1555,16 @@ impl Pool {
             .max_by_key(|c| c.txg)
             .expect("at least one label");
         let name = config.name.clone();
+        let lacking = unsupported_features(
+            &config,
+            opts.supported_features.unwrap_or(SUPPORTED_FEATURES),
+        );
+        if let Some(f) = lacking.first() {
+            return Err(PoolError::Import(format!(
+                "cannot import '{name}': it uses feature '{f}', which this build does not support ({}); import it with a build that does",
+                feature_meaning(f)
+            )));
+        }
         match config.state {
             PoolState::Destroyed if !opts.force => {
                 return Err(PoolError::Import(format!(
@@ -1718,6 +1736,7 @@ impl Pool {
             let mut alloc = pool.blocks.alloc.lock();
             alloc.begin_txg(open)?;
         }
+        *pool.log_feature.lock() = config.features.iter().any(|f| f == FEATURE_INTENT_LOG);
         pool.write_config(PoolState::Active)?;
         let pool = Arc::new(pool);
         pool.start_sync_thread();
@@ -2271,7 +2290,31 @@ impl Pool {
         if let Some(f) = self.suspended() {
             return Err(crate::zil::LogError::Io(f));
         }
+        self.set_log_feature(true)
+            .map_err(|e| crate::zil::LogError::Io(e.to_string()))?;
         self.zil.write(entries, &|id| self.blocks.vdev(id).ok())
+    }
+
+    /// Lists (or drops) `intent_log` in the labels when it is not so already. Turned on
+    /// before the first log block of a process is written, so that a build which cannot
+    /// replay the log never imports the pool while the log may hold records; turned off once
+    /// every record belongs to a committed txg (a clean close).
+    fn set_log_feature(&self, on: bool) -> Result<(), PoolError> {
+        let mut active = self.log_feature.lock();
+        if *active == on {
+            return Ok(());
+        }
+        let state = {
+            let mut c = self.config.lock();
+            c.features.retain(|f| f != FEATURE_INTENT_LOG);
+            if on {
+                c.features.push(FEATURE_INTENT_LOG.to_string());
+            }
+            c.state
+        };
+        self.write_config(state)?;
+        *active = on;
+        Ok(())
     }
 
     /// Waits until txg `txg` is committed, or until the sync thread found nothing dirty
@@ -2319,7 +2362,11 @@ impl Pool {
 
     /// Syncs and closes the pool, leaving it imported (marked active).
     pub fn shutdown(&self) -> Result<(), PoolError> {
-        let r = self.close();
+        let mut r = self.close();
+        if r.is_ok() && self.suspended().is_none() {
+            // Everything is committed: the log holds nothing to replay.
+            r = self.set_log_feature(false);
+        }
         for leaf in self.leaves() {
             leaf.close();
         }
@@ -2332,7 +2379,12 @@ impl Pool {
         if let Some(f) = self.suspended() {
             return Err(self.suspended_error(f));
         }
+        self.config
+            .lock()
+            .features
+            .retain(|f| f != FEATURE_INTENT_LOG);
         self.write_config(PoolState::Exported)?;
+        *self.log_feature.lock() = false;
         for leaf in self.leaves() {
             leaf.close();
         }

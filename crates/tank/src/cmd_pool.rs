@@ -1248,6 +1248,7 @@ fn import(a: ImportArgs) -> Result<()> {
             force: a.force,
             missing_log: a.missing_log,
             tunables: None,
+            supported_features: None,
         },
     )?;
     for path in pool.autoreplace(&devs) {

@@ -3,8 +3,10 @@
 //! # Theory of operation
 //! On start the daemon creates the default pool when nothing is configured (six sparse
 //! file devices in raidz2 under the data directory, its root filesystem mounted under
-//! `DATA_DIR/mnt/tank`), imports every pool of the cache file, mounts every filesystem
-//! with a mountpoint, and listens on `DATA_DIR/tank.sock`. With `--fuse-io-uring` it first
+//! `DATA_DIR/mnt/tank`; all or nothing, see `demo::ensure_default_pool`), imports every
+//! pool of the cache file (finishing the set-up of a default pool an older build left
+//! without a mountpoint), mounts every filesystem with a mountpoint (and says why a pool's
+//! root is not mounted), and listens on `DATA_DIR/tank.sock`. With `--fuse-io-uring` it first
 //! turns the kernel's FUSE over io_uring on, so its mounts take requests from per-CPU rings.
 //!
 //! **The local API** is one JSON object per line each way. A request names a CLI command:
@@ -26,10 +28,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use tank_dataset::{DatasetKind, Op};
+use tank_dataset::DatasetKind;
 
-use crate::datadir::{data_dir, human, PoolCache};
-use crate::demo::{ensure_default_pool, DEFAULT_DEVICE_SIZE, DEFAULT_POOL};
+use crate::datadir::{data_dir, human, CachedPool, PoolCache};
+use crate::demo::{ensure_default_pool, finish_default_pool, DEFAULT_DEVICE_SIZE, DEFAULT_POOL};
 use crate::pools::{daemon_pools, enter_daemon_mode, open_pool};
 
 #[derive(Args)]
@@ -100,6 +102,17 @@ fn handle(stream: UnixStream) -> Result<()> {
     Ok(())
 }
 
+/// Whether a cached pool is the default one: its devices are the files under
+/// `DATA_DIR/devices` that `ensure_default_pool` makes.
+fn is_default_pool(entry: &CachedPool) -> bool {
+    let devdir = data_dir().join("devices");
+    !entry.devices.is_empty()
+        && entry
+            .devices
+            .iter()
+            .all(|d| std::path::Path::new(d).starts_with(&devdir))
+}
+
 /// Mounts every filesystem of the daemon's pools that has a mountpoint.
 fn mount_all() {
     for opened in daemon_pools() {
@@ -113,6 +126,11 @@ fn mount_all() {
             let name = opened.dsl.name_of(id);
             let mp = opened.dsl.prop(id, "mountpoint").unwrap_or_default();
             if mp == "none" || mp == "legacy" || mp.is_empty() {
+                if !name.contains('/') {
+                    println!(
+                        "not mounting {name}: its mountpoint is '{mp}' (set one with 'tank dataset set mountpoint=/PATH {name}')"
+                    );
+                }
                 continue;
             }
             match crate::mounts::mount_dataset(&opened.dsl, &opened.store, &name, None) {
@@ -141,19 +159,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
             human(DEFAULT_DEVICE_SIZE),
             dir.join("devices").display()
         );
-        let opened = open_pool(DEFAULT_POOL)?;
-        let mnt = dir.join("mnt").join(DEFAULT_POOL);
-        opened.dsl.run(Op::SetProps {
-            name: DEFAULT_POOL.into(),
-            props: vec![(
-                "mountpoint".into(),
-                Some(mnt.to_string_lossy().into_owned()),
-            )],
-        })?;
-        opened
-            .pool
-            .log_history("tank serve (create the default pool)");
-        opened.close()?;
     }
     if a.fuse_io_uring {
         match tank_fuse::enable_kernel_io_uring() {
@@ -184,6 +189,24 @@ pub fn run(a: ServeArgs) -> Result<()> {
             opened.pool.state(),
             human(space.usable)
         );
+        if entry.name == DEFAULT_POOL && is_default_pool(&entry) {
+            match finish_default_pool(&opened.dsl) {
+                Ok(Some(mp)) => {
+                    opened
+                        .pool
+                        .log_history("tank serve (finish the default pool's set-up)");
+                    println!(
+                        "finished the set-up of pool '{DEFAULT_POOL}': its root mounts at {}",
+                        mp.display()
+                    );
+                }
+                Ok(None) => {}
+                Err(e) => eprintln!(
+                    "warning: cannot set the mountpoint of '{DEFAULT_POOL}': {}",
+                    crate::out::chain(&e)
+                ),
+            }
+        }
         crate::pools::adopt(opened);
     }
     mount_all();

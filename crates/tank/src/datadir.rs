@@ -1,7 +1,10 @@
 //! The data directory and the pool cache file.
 //!
 //! # Theory of operation
-//! The data directory is `$TANK_DATA_DIR` when set, else `./tank-data`. It holds
+//! The data directory is `$TANK_DATA_DIR` when set, else `./tank-data`, made absolute once
+//! against the working directory the program started in (`data_dir` remembers it), so every
+//! path derived from it (device files, the socket, mount points, which must be absolute) is
+//! absolute however the program was started. It holds
 //! `pools.json`, the list of imported pools with their member device paths (zpool.cache's
 //! role: a command can open a pool by name without scanning), the default pool's device files,
 //! and the CLI's own state. The cache only locates devices; the pool's truth is on its devices.
@@ -11,10 +14,27 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+/// The data directory, absolute: resolved at the first call (`main` makes it at start) and
+/// the same for the life of the process.
 pub fn data_dir() -> PathBuf {
-    std::env::var_os("TANK_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("tank-data"))
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::var_os("TANK_DATA_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("tank-data"));
+        absolute(&dir)
+    })
+    .clone()
+}
+
+/// `dir` made absolute against the working directory, without resolving symbolic links and
+/// with `.` components dropped (a relative `./tank-data` becomes `$PWD/tank-data`). When the
+/// working directory cannot be read the path is kept as given, and whatever uses it says so.
+fn absolute(dir: &Path) -> PathBuf {
+    std::path::absolute(dir)
+        .map(|p| p.components().collect())
+        .unwrap_or_else(|_| dir.to_path_buf())
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -113,6 +133,15 @@ pub fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_dir_is_absolute() {
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(absolute(Path::new("tank-data")), cwd.join("tank-data"));
+        assert_eq!(absolute(Path::new("./tank-data/")), cwd.join("tank-data"));
+        assert_eq!(absolute(Path::new("/srv/tank")), PathBuf::from("/srv/tank"));
+        assert!(data_dir().is_absolute());
+    }
 
     #[test]
     fn sizes() {

@@ -23,6 +23,16 @@ pub struct DemoArgs {
     size: String,
 }
 
+/// The default pool's root filesystem is mounted here: `DATA_DIR/mnt/tank`.
+pub fn default_mountpoint() -> std::path::PathBuf {
+    data_dir().join("mnt").join(DEFAULT_POOL)
+}
+
+/// Creates the default pool when the cache file does not list it: six sparse file devices in
+/// raidz2 under `DATA_DIR/devices`, its root filesystem's mountpoint `DATA_DIR/mnt/tank`.
+/// All or nothing: the pool enters the cache file only once it is complete, and a failure
+/// before that removes the device files it made, so the next start begins afresh. Returns
+/// whether it created the pool.
 pub fn ensure_default_pool() -> Result<bool> {
     let dir = data_dir();
     if PoolCache::load(&dir)?.find(DEFAULT_POOL).is_some() {
@@ -43,19 +53,65 @@ pub fn ensure_default_pool() -> Result<bool> {
             devdir.display()
         );
     }
+    let made = create_default_pool(&names);
+    if made.is_err() {
+        for n in &names {
+            let _ = std::fs::remove_file(n);
+        }
+    }
+    made?;
+    Ok(true)
+}
+
+fn create_default_pool(names: &[String]) -> Result<()> {
+    let dir = data_dir();
     let mut tokens = vec!["raidz2".to_string()];
     tokens.extend(names.iter().cloned());
     let spec = PoolSpec::parse(&tokens, false)?;
-    let devices = open_for_create(&names, Some(DEFAULT_DEVICE_SIZE))?;
+    let devices = open_for_create(names, Some(DEFAULT_DEVICE_SIZE))?;
     let (pool, _) = Pool::create(DEFAULT_POOL, &spec, &devices, &CreateOptions::default())?;
-    pool.log_history("tank demo (create the default pool)");
-    let (store, _dsl) = crate::pools::open_datasets(&pool)?;
-    store.sync()?;
+    let made = (|| -> Result<()> {
+        pool.log_history("tank (create the default pool)");
+        let (store, dsl) = crate::pools::open_datasets(&pool)?;
+        set_default_mountpoint(&dsl)?;
+        store.sync()?;
+        Ok(())
+    })();
+    let closed = pool.shutdown();
+    made?;
+    closed?;
     let mut cache = PoolCache::load(&dir)?;
     cache.upsert(cache_entry(&pool));
     cache.save(&dir)?;
-    pool.shutdown()?;
-    Ok(true)
+    Ok(())
+}
+
+fn set_default_mountpoint(dsl: &tank_dataset::Dsl) -> Result<()> {
+    dsl.run(tank_dataset::Op::SetProps {
+        name: DEFAULT_POOL.into(),
+        props: vec![(
+            "mountpoint".into(),
+            Some(default_mountpoint().to_string_lossy().into_owned()),
+        )],
+    })?;
+    Ok(())
+}
+
+/// Finishes the set-up of a default pool that an earlier start left without a mountpoint
+/// (its root's `mountpoint` never set: source `default`). A mountpoint the administrator set,
+/// `none` included, is left alone. Returns the mountpoint it set, if it did.
+pub fn finish_default_pool(dsl: &tank_dataset::Dsl) -> Result<Option<std::path::PathBuf>> {
+    let root = dsl.resolve(DEFAULT_POOL)?;
+    let info = dsl.info(root)?;
+    let never_set = info
+        .props
+        .iter()
+        .any(|(n, _, source)| n == "mountpoint" && source == "default");
+    if !never_set {
+        return Ok(None);
+    }
+    set_default_mountpoint(dsl)?;
+    Ok(Some(default_mountpoint()))
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {

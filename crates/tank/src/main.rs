@@ -176,6 +176,8 @@ pub fn run_in_daemon(argv: Vec<String>) -> i32 {
 fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
+    // The data directory is made absolute once, here, against the directory tank started in.
+    datadir::data_dir();
     if let Err(e) = cmd_arc::apply_env() {
         eprintln!("tank: {}", crate::out::chain(&e));
         std::process::exit(2);

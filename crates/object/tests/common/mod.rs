@@ -86,6 +86,7 @@ pub fn import_devs(
             force: false,
             missing_log: false,
             tunables: Some(manual_txgs()),
+            supported_features: None,
         },
     )
     .map_err(|e| e.to_string())?;
