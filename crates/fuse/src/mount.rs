@@ -4,7 +4,7 @@
 //! `mount` checks what it can before touching the kernel, so that each failure gets its own
 //! message (no /dev/fuse, no permission, missing mount point, something mounted there
 //! already), opens /dev/fuse and calls mount(2) itself (type `fuse.tank`, source
-//! `tank:<dataset>`, `allow_other`), then lets fuser read the kernel's INIT on that
+//! `tank:<dataset>`, `default_permissions`, `allow_other`), then lets fuser read the kernel's INIT on that
 //! descriptor (`Session::from_fd`). No libfuse and no fusermount are involved.
 //!
 //! The session runs on a thread of its own, which starts `threads` readers of the kernel's
@@ -339,6 +339,9 @@ pub fn mount(
         nix::unistd::geteuid(),
         nix::unistd::getegid()
     );
+    // The kernel checks permissions itself against the attributes we last replied with
+    // (server.rs, "Permissions"): a chmod through the mount applies at the next access.
+    data.push_str(",default_permissions");
     if opts.allow_other {
         data.push_str(",allow_other");
     }

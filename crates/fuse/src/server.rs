@@ -8,14 +8,24 @@
 //! table's and the credential cache's, both short.
 //!
 //! # What the kernel does and what we do
-//! - Permissions: the mount has no `default_permissions`; `Fs` checks every operation with
-//!   the caller's uid, gid and supplementary groups. The kernel still checks execute bits
-//!   of regular files itself, and the sticky bit on removal. The one check `Fs` cannot make
-//!   is search permission on the directories of a path the kernel resolves from its dentry
-//!   cache without asking us: so a name is cached (entry TTL) only in a directory every
-//!   user may search (mode has all three x bits); in any other directory the kernel looks
-//!   the name up again, with the caller's credentials, at each use. A directory made
-//!   unsearchable by chmod stops being bypassed within the TTL.
+//! - Permissions: the mount has `default_permissions`, so the kernel checks every access
+//!   against the mode, owner and group it holds for each node, before it sends us anything:
+//!   search permission on every directory of a path, including the parts it resolves from
+//!   its dentry cache without asking us; opens of FIFOs, sockets and device nodes, which
+//!   never reach us; the sticky bit; chmod, chown and utimes rules. The attributes it
+//!   checks against are those of our last reply, and every change through the mount
+//!   replies with the new ones, so a chmod applies to the very next access, whatever is
+//!   cached (the TTL bounds only what changes past the mount: another front end on the
+//!   same dataset). `Fs` checks every operation too, with the caller's uid, gid and
+//!   supplementary groups, since the network front ends call it directly; both apply the
+//!   same POSIX rules, so they agree. No POSIX ACLs (FUSE_POSIX_ACL is not asked for):
+//!   `Fs` keeps none. `access(2)` is answered by the kernel, from the mode bits: inside
+//!   `.tank/snapshot` it grants W_OK where the mode does, though every write there fails
+//!   with EROFS (ZFS mounts each snapshot read-only on its own, where access says EROFS).
+//! - ftruncate(2) comes as `setattr(size)` with the descriptor's file handle; the kernel
+//!   allows it only on a descriptor open for writing, so `Fs::setattr_open` skips the write
+//!   check of the mode, which the open made (`open(O_CREAT|O_RDWR, 0)` then `ftruncate`
+//!   succeeds, as POSIX says).
 //! - umask: we do not ask for FUSE_DONT_MASK, so the kernel applies the umask to the mode
 //!   of mkdir/mknod/create; we apply the `umask` field of the request again, which changes
 //!   nothing when it was applied already and is exact if it was not.
@@ -186,6 +196,11 @@ impl Server {
         self.creds.cred(req.uid(), req.gid(), req.pid())
     }
 
+    /// How long the kernel may keep names and attributes of a slot's nodes. Names are
+    /// cached in every directory: the kernel checks search permission on each directory of a
+    /// path itself (`default_permissions`, module header), with the attributes every change
+    /// through the mount refreshes, so a cached name never lets a caller past a directory it
+    /// may not search.
     fn ttl_for(&self, slot: u16) -> Duration {
         if slot == LIVE_SLOT {
             self.ttl
@@ -240,15 +255,6 @@ impl Server {
             entry_ttl,
             pin,
         })
-    }
-
-    /// How long the kernel may keep names of directory `parent`: the slot's TTL if every
-    /// user may search `parent`, else none (module header, "Permissions").
-    fn name_ttl(&self, fs: &Fs, slot: u16, parent: Ino) -> Duration {
-        match fs.getattr(parent) {
-            Ok(a) if u32::from(a.perm) & 0o111 == 0o111 => self.ttl_for(slot),
-            _ => Duration::ZERO,
-        }
     }
 
     fn virtual_entry(&self, node: Node) -> Entry<'static> {
@@ -322,7 +328,7 @@ impl Server {
                 let fs = self.slots.fs(slot)?;
                 let pin = self.slots.pin(slot)?;
                 let attr = fs.lookup(&self.cred(req), ino, name)?;
-                self.entry(slot, &attr, pin, self.name_ttl(&fs, slot, ino))
+                self.entry(slot, &attr, pin, self.ttl_for(slot))
             }
         }
     }
@@ -373,6 +379,7 @@ impl Server {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
+        opened: bool,
     ) -> Result<FileAttr> {
         let (fs, ino) = self.writable(nodeid)?;
         let cred = self.cred(req);
@@ -403,7 +410,13 @@ impl Server {
             // and a writer who is not the owner may not set mtime alone.
             set.mtime = None;
         }
-        let attr = match fs.setattr(&cred, ino, &set) {
+        // A change through a file handle is ftruncate(2) on a descriptor open for writing.
+        let changed = if opened {
+            fs.setattr_open(&cred, ino, &set)
+        } else {
+            fs.setattr(&cred, ino, &set)
+        };
+        let attr = match changed {
             Ok(attr) => attr,
             Err(e) if e == Errno::EPERM || e == Errno::EACCES => {
                 let only_mtime = set.mtime == Some(TimeSet::Now)
@@ -458,7 +471,7 @@ impl Server {
         };
         let mode = kind | (mode & 0o7777 & !umask);
         let attr = fs.create(&self.cred(req), pino, name, mode, flags)?;
-        self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
+        self.entry(LIVE_SLOT, &attr, None, self.ttl_for(LIVE_SLOT))
     }
 
     fn open_flags(&self, slot: u16, dir: bool) -> FopenFlags {
@@ -678,7 +691,7 @@ impl Server {
         .clamp(1, 1024);
         let hide_control = slot == LIVE_SLOT && ino == ROOT_INO;
         let name_ttl = if plus {
-            self.name_ttl(&fs, slot, ino)
+            self.ttl_for(slot)
         } else {
             Duration::ZERO
         };
@@ -906,14 +919,15 @@ impl Filesystem for Server {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.do_setattr(req, ino, mode, uid, gid, size, atime, mtime, ctime) {
+        let opened = fh.is_some();
+        match self.do_setattr(req, ino, mode, uid, gid, size, atime, mtime, ctime, opened) {
             Ok(attr) => reply.attr(&self.ttl, &attr),
             Err(e) => reply.error(wire(e)),
         }
@@ -943,7 +957,7 @@ impl Filesystem for Server {
             }
             let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
             let attr = fs.mknod(&self.cred(req), pino, name, mode, rdev)?;
-            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
+            self.entry(LIVE_SLOT, &attr, None, self.ttl_for(LIVE_SLOT))
         });
         Self::reply_entry(reply, r);
     }
@@ -962,7 +976,7 @@ impl Filesystem for Server {
                 return Err(Errno::EEXIST);
             }
             let attr = fs.mkdir(&self.cred(req), pino, name, mode & 0o7777 & !umask)?;
-            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
+            self.entry(LIVE_SLOT, &attr, None, self.ttl_for(LIVE_SLOT))
         });
         Self::reply_entry(reply, r);
     }
@@ -1000,7 +1014,7 @@ impl Filesystem for Server {
                 return Err(Errno::EEXIST);
             }
             let attr = fs.symlink(&self.cred(req), pino, link_name, target.as_os_str())?;
-            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, pino))
+            self.entry(LIVE_SLOT, &attr, None, self.ttl_for(LIVE_SLOT))
         });
         Self::reply_entry(reply, r);
     }
@@ -1050,7 +1064,7 @@ impl Filesystem for Server {
                 return Err(Errno::EEXIST);
             }
             let attr = fs.link(&self.cred(req), ino, npino, newname)?;
-            self.entry(LIVE_SLOT, &attr, None, self.name_ttl(&fs, LIVE_SLOT, npino))
+            self.entry(LIVE_SLOT, &attr, None, self.ttl_for(LIVE_SLOT))
         })();
         Self::reply_entry(reply, r);
     }

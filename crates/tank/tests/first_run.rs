@@ -218,13 +218,37 @@ fn is_mounted(dir: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(dir.as_ref()))
 }
 
-/// SIGTERM to the daemon's process group, as `kill -TERM -PGID` would; waits for it to end
-/// and returns its exit status.
+/// The process named `tank` in the process group of `child` (the daemon that `cargo run`
+/// started), read from /proc.
+fn daemon_pid(child: &Child) -> i32 {
+    let pgid = child.id() as i32;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let pgrp = stat[close + 1..].split_whitespace().nth(2);
+        if comm == "tank" && pgrp == Some(pgid.to_string().as_str()) {
+            return pid;
+        }
+    }
+    panic!("no process 'tank' in process group {pgid}");
+}
+
+/// SIGTERM to the daemon, as `kill -TERM PID` would; waits for the command that started it
+/// to end and returns its exit status (`cargo run` exits with the program's status).
 #[allow(unsafe_code)]
 fn terminate(child: &mut Child) -> std::process::ExitStatus {
-    let pgid = child.id() as i32;
-    // SAFETY: kill(2) with a negative pid signals the process group we created for the child.
-    let r = unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    let pid = daemon_pid(child);
+    // SAFETY: kill(2) of a process of the group we created for the child.
+    let r = unsafe { libc::kill(pid, libc::SIGTERM) };
     assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
     let deadline = Instant::now() + START_STOP_LIMIT;
     loop {
