@@ -27,14 +27,17 @@ use common::*;
 use libc::{EACCES, EINVAL, EISDIR, ENODATA, ENOTDIR, ENOTEMPTY, ENXIO, EPERM};
 use tank_dataset::Errno;
 
+/// A user: uid, gid, supplementary groups.
+type User = (u32, u32, &'static [u32]);
+
 /// The objects' owner; not in their group.
-const OWNER: (u32, u32, &[u32]) = (65534, 65534, &[]);
+const OWNER: User = (65534, 65534, &[]);
 /// The objects' group.
 const GROUP: u32 = 65532;
 /// A member of the objects' group through a supplementary group.
-const MEMBER: (u32, u32, &[u32]) = (65533, 65533, &[GROUP]);
+const MEMBER: User = (65533, 65533, &[GROUP]);
 /// Anyone else.
-const OTHER: (u32, u32, &[u32]) = (65531, 65531, &[]);
+const OTHER: User = (65531, 65531, &[]);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -62,7 +65,7 @@ enum Role {
     Other,
 }
 
-const ROLES: [(Role, (u32, u32, &[u32])); 3] = [
+const ROLES: [(Role, User); 3] = [
     (Role::Owner, OWNER),
     (Role::Member, MEMBER),
     (Role::Other, OTHER),
