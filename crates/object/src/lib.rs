@@ -8,6 +8,7 @@
 
 pub mod arc;
 pub mod cache;
+pub mod health;
 pub mod l2arc;
 pub mod objset;
 pub mod scan;

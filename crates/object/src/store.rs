@@ -67,6 +67,8 @@ pub struct ObjectStore {
     /// The L2ARC feed thread runs (while the pool has cache devices).
     feeding: AtomicBool,
     pub(crate) scanner: crate::scan::Scanner,
+    /// The devices' error counters and the newest events, kept with the pool (`health.rs`).
+    health: crate::health::Health,
     /// Itself, for work the sync thread hands to a thread of its own (a resilver).
     me: std::sync::OnceLock<std::sync::Weak<ObjectStore>>,
     /// Serializes intent log commits (`zil.rs`).
@@ -123,6 +125,7 @@ impl ObjectStore {
             hook: Mutex::new(None),
             feeding: AtomicBool::new(false),
             scanner: crate::scan::Scanner::new(),
+            health: crate::health::Health::default(),
             me: std::sync::OnceLock::new(),
             log_lock: Mutex::new(()),
             floors: Mutex::new((BTreeMap::new(), false)),
@@ -132,6 +135,7 @@ impl ObjectStore {
             store.watch_errors(os);
         }
         store.scanner.load(&store)?;
+        store.health.load(&store)?;
         store.load_floors()?;
         pool.set_syncer(store.clone());
         if fresh {
@@ -512,6 +516,9 @@ impl Syncer for ObjectStore {
             .map_err(|e| PoolError::Corrupt(e.to_string()))?;
         self.sync_floors()
             .map_err(|e| PoolError::Corrupt(e.to_string()))?;
+        self.health
+            .sync(self)
+            .map_err(|e| PoolError::Corrupt(e.to_string()))?;
         meta.quiesce(ctx.txg);
         meta.sync(ctx.blocks, ctx.txg, ctx.batch)?;
         let all: Vec<Arc<ObjectSet>> = self.objsets.read().values().cloned().collect();
@@ -545,5 +552,6 @@ impl Syncer for ObjectStore {
             || self.hook().is_some_and(|h| h.is_dirty())
             || self.scanner.is_dirty()
             || self.floors.lock().1
+            || self.health.is_dirty(self)
     }
 }

@@ -1397,8 +1397,16 @@ impl Pool {
     /// Writes the config with `state` to every usable leaf: L0/L2, flush, L1/L3, flush.
     fn write_config(&self, state: PoolState) -> Result<(), PoolError> {
         // Every leaf's dirty time log goes with the configuration (see `LeafConfig::dtl`).
-        let dtls: HashMap<u64, Option<(u64, u64)>> =
-            self.leaves().iter().map(|l| (l.guid(), l.dtl())).collect();
+        // From the data vdevs only: a hot spare in use appears twice with one guid, and its
+        // entry in the spare class has no dirty time log (it would hide the one it has in
+        // the vdev it stands in, and the resilver it needs would be forgotten).
+        let dtls: HashMap<u64, Option<(u64, u64)>> = self
+            .tops()
+            .iter()
+            .filter(|(c, _)| *c != VdevClass::Spare)
+            .flat_map(|(_, t)| t.leaves.iter())
+            .map(|l| (l.guid(), l.dtl()))
+            .collect();
         let cfg = {
             let mut c = self.config.lock();
             for tc in c.vdevs.iter_mut().filter(|tc| tc.class != VdevClass::Spare) {

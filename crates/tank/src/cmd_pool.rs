@@ -643,6 +643,9 @@ pub struct ScanReport {
     pub scan: ScanStatus,
     /// Permanent errors, named (see `tank_dataset::error_name`).
     pub errors: Vec<String>,
+    /// Who runs an active scan: `daemon`, or `none` when the pool is held only by this
+    /// command's process (which ran it while it held the pool: it stops with it).
+    pub runner: Option<&'static str>,
 }
 
 impl ScanReport {
@@ -653,10 +656,41 @@ impl ScanReport {
             .into_iter()
             .map(|(tree, obj)| tank_dataset::error_name(&opened.dsl, tree, obj))
             .collect();
+        let mut scan = opened.store.scan_status();
+        let active = scan.state.phase == ScanPhase::Scanning && !scan.state.paused;
+        let runner = match (active, crate::pools::daemon_mode()) {
+            (false, _) => None,
+            (true, true) => Some("daemon"),
+            (true, false) => {
+                // This process ran it since it opened the pool, and stops it on exit.
+                scan.running = false;
+                Some("none")
+            }
+        };
         Self {
-            scan: opened.store.scan_status(),
+            scan,
             errors,
+            runner,
         }
+    }
+
+    /// The `scan:` lines; an active scan that no process will go on running says so and
+    /// names the commands that run it, instead of "in progress".
+    pub fn lines(&self, pool: &str) -> Vec<String> {
+        let mut lines = scan_lines(&self.scan);
+        if self.runner == Some("none") {
+            let st = &self.scan.state;
+            let (what, command) = if st.func == "resilver" {
+                ("resilver", format!("tank pool resilver -w {pool}"))
+            } else {
+                ("scrub", format!("tank pool scrub -w {pool}"))
+            };
+            lines[0] = format!(
+                "{what} waiting since {}: no process is running it; start 'tank serve' to run it in the background, or run '{command}'",
+                tank_pool::fmt_time(st.start_time)
+            );
+        }
+        lines
     }
 }
 
@@ -673,7 +707,7 @@ pub fn print_status(st: &PoolStatus, report: &ScanReport, verbose: bool) {
     } else if !report.errors.is_empty() {
         outln!("action: Restore the files in question from a backup or delete them, then scrub again to clear the list.");
     }
-    for (i, line) in scan_lines(&report.scan).iter().enumerate() {
+    for (i, line) in report.lines(&st.name).iter().enumerate() {
         outln!("{}{line}", if i == 0 { "  scan: " } else { "        " });
     }
     outln!("config:\n");
@@ -776,12 +810,6 @@ fn print_events(events: &[PoolEvent]) {
 fn events(a: EventsArgs) -> Result<()> {
     if a.follow {
         bail!("'pool events -f' follows the daemon's events: start it with 'tank serve'");
-    }
-    if !crate::pools::daemon_mode() && !a.json {
-        errln!(
-            "note: no daemon runs: events live while a pool is imported, so this shows only \
-             those of opening the pool for this command (start 'tank serve' to keep them)"
-        );
     }
     let names = match &a.name {
         Some(n) => vec![n.clone()],
@@ -1104,7 +1132,22 @@ fn detach(a: DeviceArgs) -> Result<()> {
 
 fn resilver(a: ResilverArgs) -> Result<()> {
     let opened = open_pool(&a.name)?;
-    let result = resilver_missed(&opened, a.wait);
+    let st = opened.store.scan_status();
+    let result = if st.running && st.state.func == "resilver" {
+        // Resumed when this process opened the pool (or running in the daemon).
+        if crate::pools::daemon_mode() && !a.wait {
+            outln!(
+                "a resilver is running; 'tank pool status {}' shows its progress",
+                a.name
+            );
+            Ok(())
+        } else {
+            outln!("resuming the resilver of pool '{}'", a.name);
+            wait_scan(&opened.store)
+        }
+    } else {
+        resilver_missed(&opened, a.wait)
+    };
     opened.close()?;
     result
 }
@@ -1127,6 +1170,12 @@ fn scrub(a: ScrubArgs) -> Result<()> {
                 .with_context(|| format!("cannot pause scrubbing {name}"))?;
             outln!("scrub of pool '{name}' paused; 'tank pool scrub {name}' resumes it");
             return Ok(());
+        }
+        let st = store.scan_status();
+        if !crate::pools::daemon_mode() && st.running && st.state.func == "scrub" {
+            // A scrub an earlier process left: resumed when this one opened the pool.
+            outln!("resuming the scrub of pool '{name}'");
+            return wait_scan(&store);
         }
         store
             .scrub_start()
@@ -1165,6 +1214,7 @@ fn status(a: StatusArgs) -> Result<()> {
             .map(|(st, r)| {
                 let mut v = serde_json::to_value(st).expect("serializable");
                 v["scan"] = serde_json::to_value(&r.scan).expect("serializable");
+                v["scan"]["runner"] = serde_json::to_value(r.runner).expect("serializable");
                 v["errors"] = serde_json::to_value(&r.errors).expect("serializable");
                 v
             })

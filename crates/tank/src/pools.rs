@@ -190,6 +190,10 @@ pub fn open_pool(name: &str) -> Result<Opened> {
         errln!("note: autoreplace: the blank device at {path} replaced the missing one");
     }
     let (store, dsl) = open_datasets(&pool)?;
+    // Whichever process holds the pool runs its background work: a resilver a hot spare or
+    // a returning device needs, a scrub left running. It stops (its cursor kept) when this
+    // process closes the pool, and the next one to open it goes on.
+    store.scan_resume();
     Ok(Opened { pool, store, dsl })
 }
 

@@ -1,6 +1,8 @@
 //! The `tank` command as a user runs it: every command in a temporary data directory with
 //! file devices, checking output, exit codes and the clear refusals of bad input.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -330,13 +332,7 @@ fn bench_measures_a_directory_keeps_history_and_cleans_up() {
 
 /// Whether this process can mount FUSE filesystems.
 fn fuse_mountable() -> bool {
-    let cap_sys_admin = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|c| c & (1 << 21) != 0);
-    std::path::Path::new("/dev/fuse").exists() && cap_sys_admin
+    common::fuse_missing().is_none()
 }
 
 /// Nothing of an emulated pool is left in the data directory.
@@ -543,8 +539,11 @@ fn one_emulated_hdd_measures_within_ten_percent_of_its_profile() {
 
 #[test]
 fn bench_runs_every_phase_on_an_emulated_build_behind_a_link() {
-    if !fuse_mountable() {
-        eprintln!("bench_runs_every_phase_on_an_emulated_build_behind_a_link: skipped: FUSE cannot be mounted here (/dev/fuse or CAP_SYS_ADMIN missing)");
+    if let Some(why) = common::fuse_missing() {
+        common::skip(
+            "bench_runs_every_phase_on_an_emulated_build_behind_a_link",
+            why,
+        );
         return;
     }
     let env = Env::new();
@@ -677,8 +676,8 @@ impl Drop for Daemon {
 
 #[test]
 fn serve_creates_mounts_and_answers_the_cli() {
-    if !fuse_mountable() {
-        eprintln!("serve_creates_mounts_and_answers_the_cli: skipped: FUSE cannot be mounted here (/dev/fuse or CAP_SYS_ADMIN missing)");
+    if let Some(why) = common::fuse_missing() {
+        common::skip("serve_creates_mounts_and_answers_the_cli", why);
         return;
     }
     let env = Env::new();
@@ -820,11 +819,11 @@ fn scrub_repairs_reports_permanent_errors_and_refuses_bad_requests() {
     assert_eq!(v[0]["errors"][0], "sp:<0x1>");
     env.fails(&["debug", "object", "read", "sp", "1"], "");
 
-    // Without the daemon, events last as long as the command's own import; following
-    // them needs the daemon.
-    let out = env.run(&["pool", "events", "sp"]);
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no daemon runs"));
+    // Without the daemon, the events are those kept with the pool: the scrubs' of the
+    // earlier commands; following them needs the daemon.
+    let out = env.ok(&["pool", "events", "sp"]);
+    assert!(out.contains("sysevent.fs.zfs.scrub_start"), "{out}");
+    assert!(out.contains("ereport.fs.zfs.checksum"), "{out}");
     env.fails(
         &["pool", "events", "-f", "sp"],
         "start it with 'tank serve'",
@@ -1025,4 +1024,213 @@ fn cache_and_log_devices_arcstat_and_params() {
     env.fails(&["param", "arc_max=100000T"], "more than this machine");
     env.fails(&["param", "l2arc_feed_secs=0"], "1 to 60");
     env.fails(&["param", "nosuch=1"], "unknown parameter");
+}
+
+/// The error counters of the leaves of `pool status --json`: (name, read, write, cksum).
+fn counters(status_json: &str) -> Vec<(String, u64, u64, u64)> {
+    let v: serde_json::Value = serde_json::from_str(status_json).unwrap();
+    let mut out = Vec::new();
+    fn walk(v: &serde_json::Value, out: &mut Vec<(String, u64, u64, u64)>) {
+        let kids = v["children"].as_array().cloned().unwrap_or_default();
+        if kids.is_empty() {
+            out.push((
+                v["name"].as_str().unwrap_or("").to_string(),
+                v["read_errors"].as_u64().unwrap(),
+                v["write_errors"].as_u64().unwrap(),
+                v["cksum_errors"].as_u64().unwrap(),
+            ));
+        }
+        for k in &kids {
+            walk(k, out);
+        }
+    }
+    for vdev in v[0]["config"].as_array().unwrap() {
+        walk(vdev, &mut out);
+    }
+    out
+}
+
+/// `pool events --json`, as (seq, class, vdev) of each event.
+fn event_list(events_json: &str) -> Vec<(u64, String, String)> {
+    let v: serde_json::Value = serde_json::from_str(events_json).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["seq"].as_u64().unwrap(),
+                e["class"].as_str().unwrap().to_string(),
+                e["vdev"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// One truth about a pool whichever process asks: the CKSUM errors a read repaired, and the
+/// events it posted, are kept with the pool, and `pool status`, `pool events` and their
+/// `--json` give the same answer from a CLI process without a daemon, after an export and
+/// import, from the daemon, and after it stopped; until `pool clear`.
+#[test]
+fn counters_and_events_are_kept_with_the_pool() {
+    let env = Env::new();
+    env.ok(&[
+        "pool", "create", "--size", "128M", "hp", "mirror", "m0", "m1",
+    ]);
+    let data: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(env.path("blob"), &data).unwrap();
+    let id = env.ok(&["debug", "object", "write", "hp", "blob"]);
+    let id = id.trim().lines().last().unwrap().to_string();
+    env.ok(&["pool", "export", "hp"]);
+    damage(&env, &["m1"], 4 << 20, 64);
+    env.ok(&["pool", "import", "-d", ".", "hp"]);
+    let clean = counters(&env.ok(&["pool", "status", "--json", "hp"]));
+    assert!(clean.iter().all(|c| c.3 == 0), "{clean:?}");
+
+    // A scrub in one process finds and repairs the damage on m1 (reads of a mirror may
+    // never pick the damaged side; a scrub reads both)...
+    let out = env.ok(&["pool", "scrub", "hp"]);
+    assert!(
+        out.contains("with 0 errors") && !out.contains("repaired 0B"),
+        "{out}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["debug", "object", "read", "hp", &id])
+        .env("TANK_DATA_DIR", env.path("data"))
+        .current_dir(env.dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(out.stdout == data, "the read returned good data");
+
+    // ...and every later process sees what it counted and posted.
+    let status = env.ok(&["pool", "status", "--json", "hp"]);
+    let seen = counters(&status);
+    let m1 = seen.iter().find(|c| c.0.ends_with("m1")).unwrap().clone();
+    assert!(m1.3 > 0, "CKSUM errors on m1: {seen:?}");
+    let events = event_list(&env.ok(&["pool", "events", "--json", "hp"]));
+    let cksum: Vec<_> = events
+        .iter()
+        .filter(|e| e.1 == "ereport.fs.zfs.checksum")
+        .cloned()
+        .collect();
+    assert!(!cksum.is_empty(), "{events:?}");
+    assert!(cksum.iter().all(|e| e.2.ends_with("m1")), "{cksum:?}");
+    let human = env.ok(&["pool", "status", "hp"]);
+    let row = human
+        .lines()
+        .find(|l| l.trim_start().starts_with(&m1.0) || l.contains("m1 "))
+        .unwrap_or_else(|| panic!("{human}"))
+        .to_string();
+    assert!(row.contains(&m1.3.to_string()), "{row}");
+    let human_events = env.ok(&["pool", "events", "hp"]);
+    assert!(
+        human_events.contains("ereport.fs.zfs.checksum"),
+        "{human_events}"
+    );
+
+    // Across export and import.
+    env.ok(&["pool", "export", "hp"]);
+    env.ok(&["pool", "import", "-d", ".", "hp"]);
+    assert_eq!(counters(&env.ok(&["pool", "status", "--json", "hp"])), seen);
+    let after_import = event_list(&env.ok(&["pool", "events", "--json", "hp"]));
+    for e in &cksum {
+        assert!(after_import.contains(e), "{e:?} lost: {after_import:?}");
+    }
+
+    // The daemon gives the same answer (it needs no mount: the pool's root has none).
+    {
+        let child = Command::new(env!("CARGO_BIN_EXE_tank"))
+            .arg("serve")
+            .env("TANK_DATA_DIR", env.path("data"))
+            .current_dir(env.dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _d = Daemon(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !env.path("data/tank.sock").exists() {
+            assert!(std::time::Instant::now() < deadline, "daemon did not start");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert_eq!(counters(&env.ok(&["pool", "status", "--json", "hp"])), seen);
+        let from_daemon = event_list(&env.ok(&["pool", "events", "--json", "hp"]));
+        for e in &cksum {
+            assert!(
+                from_daemon.contains(e),
+                "{e:?} not in the daemon's: {from_daemon:?}"
+            );
+        }
+        let human = env.ok(&["pool", "status", "hp"]);
+        assert!(human.contains(&row), "{human}");
+    }
+    // After the daemon stopped, a CLI process again.
+    assert_eq!(counters(&env.ok(&["pool", "status", "--json", "hp"])), seen);
+    let after_daemon = event_list(&env.ok(&["pool", "events", "--json", "hp"]));
+    for e in &cksum {
+        assert!(after_daemon.contains(e), "{e:?} lost: {after_daemon:?}");
+    }
+
+    // Until cleared: counters to zero, kept so; `events -c` empties the kept list.
+    env.ok(&["pool", "clear", "hp"]);
+    let cleared = counters(&env.ok(&["pool", "status", "--json", "hp"]));
+    assert!(cleared.iter().all(|c| c.1 + c.2 + c.3 == 0), "{cleared:?}");
+    env.ok(&["pool", "events", "-c", "hp"]);
+    let left = event_list(&env.ok(&["pool", "events", "--json", "hp"]));
+    assert!(
+        !left.iter().any(|e| e.1 == "ereport.fs.zfs.checksum"),
+        "{left:?}"
+    );
+}
+
+/// A hot spare that took a missing device's place at import is resilvered by whichever
+/// process holds the pool; while none does, status says so and names the command, never
+/// "in progress".
+#[test]
+fn background_work_runs_in_whichever_process_holds_the_pool() {
+    let env = Env::new();
+    env.ok(&[
+        "pool", "create", "--size", "128M", "bw", "mirror", "b0", "b1", "spare", "b2",
+    ]);
+    let data: Vec<u8> = (0..16u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    std::fs::write(env.path("blob"), &data).unwrap();
+    env.ok(&["debug", "object", "write", "bw", "blob"]);
+    env.ok(&["pool", "export", "bw"]);
+    std::fs::remove_file(env.path("b1")).unwrap();
+    env.ok(&["pool", "import", "-d", ".", "bw"]);
+    // Each command's process works on the resilver while it holds the pool; between them
+    // nobody does, and status says so.
+    let mut finished = false;
+    for _ in 0..20 {
+        let st = env.ok(&["pool", "status", "bw"]);
+        assert!(!st.contains("in progress"), "{st}");
+        assert!(st.contains("b2"), "{st}");
+        if st.contains("scan: resilvered") {
+            finished = true;
+            break;
+        }
+        assert!(
+            st.contains("resilver waiting since")
+                && st.contains("no process is running it")
+                && st.contains("'tank pool resilver -w bw'"),
+            "{st}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&env.ok(&["pool", "status", "--json", "bw"])).unwrap();
+        let scan = &json[0]["scan"];
+        if scan["phase"] == "scanning" {
+            assert_eq!(scan["runner"], "none", "{scan}");
+        }
+    }
+    if !finished {
+        let out = env.ok(&["pool", "resilver", "-w", "bw"]);
+        assert!(out.contains("resilvered"), "{out}");
+    }
+    let st = env.ok(&["pool", "status", "bw"]);
+    assert!(st.contains("scan: resilvered"), "{st}");
+    assert!(!st.contains("waiting"), "{st}");
 }

@@ -14,6 +14,8 @@
 //! an older build left it, starts again (the set-up is finished, the file is still there) and
 //! stops again.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,22 +26,6 @@ use std::time::{Duration, Instant};
 const BUILD_AND_START_LIMIT: Duration = Duration::from_secs(40 * 60);
 /// A start or stop of an already built daemon.
 const START_STOP_LIMIT: Duration = Duration::from_secs(120);
-
-fn fuse_missing() -> Option<&'static str> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing");
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    if cap_eff & (1 << 21) == 0 {
-        return Some("no CAP_SYS_ADMIN to mount FUSE filesystems");
-    }
-    None
-}
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -279,12 +265,8 @@ fn stop(child: &mut Child, lines: &mut Lines, mnt: &Path) {
 
 #[test]
 fn readme_first_command_starts_tank_from_a_fresh_copy() {
-    if let Some(why) = fuse_missing() {
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "readme_first_command_starts_tank_from_a_fresh_copy: skipped: {why}"
-        );
+    if let Some(why) = common::fuse_missing() {
+        common::skip("readme_first_command_starts_tank_from_a_fresh_copy", why);
         return;
     }
     let root = repo_root();

@@ -1,0 +1,40 @@
+//! Helpers shared by the `tank` command's tests: whether FUSE can be mounted here, and the
+//! record of a test that could not run.
+
+#![allow(dead_code)]
+
+use std::io::Write as _;
+
+/// Why this machine cannot mount FUSE filesystems, if it cannot: no /dev/fuse, or no
+/// CAP_SYS_ADMIN (bit 21 of the effective capabilities) for mount(2).
+pub fn fuse_missing() -> Option<&'static str> {
+    if !std::path::Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse missing");
+    }
+    let cap_eff = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if cap_eff & (1 << 21) == 0 {
+        return Some("no CAP_SYS_ADMIN to mount FUSE filesystems");
+    }
+    None
+}
+
+/// Says on stderr that `test` did not run and why, and appends it to `tmp/skipped.txt` in
+/// the target directory, which `.ci/run` counts: a test that returns early passes for the
+/// test harness, and must not be counted as passed.
+pub fn skip(test: &str, why: &str) {
+    let line = format!("{test}: skipped: {why}");
+    let _ = writeln!(std::io::stderr(), "{line}");
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
