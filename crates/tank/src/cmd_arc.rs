@@ -211,7 +211,7 @@ pub fn follow_arcstat(a: &ArcstatArgs) -> Result<()> {
     }
     let fetch = || -> Result<CacheReport> {
         let argv = vec!["arcstat".to_string(), "--json".into()];
-        match crate::daemon::forward(&argv)? {
+        match crate::daemon::forward(&argv, None)? {
             Some(reply) if reply.code == 0 => Ok(serde_json::from_str(reply.stdout.trim())?),
             Some(reply) => bail!("{}", reply.stderr.trim()),
             None => Ok(report()),

@@ -854,7 +854,7 @@ pub fn follow_events(a: &EventsArgs) -> Result<()> {
     loop {
         let mut argv = vec!["pool".to_string(), "events".into(), "--json".into()];
         argv.extend(a.name.clone());
-        let Some(reply) = crate::daemon::forward(&argv)? else {
+        let Some(reply) = crate::daemon::forward(&argv, None)? else {
             bail!("'pool events -f' follows the daemon's events: start it with 'tank serve'");
         };
         if reply.code != 0 {

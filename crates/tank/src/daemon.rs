@@ -46,6 +46,9 @@ pub struct ServeArgs {
 #[derive(Serialize, Deserialize)]
 pub struct Request {
     pub argv: Vec<String>,
+    /// A password the command needs (`user add`, `user passwd`), read by the client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -60,13 +63,14 @@ pub fn socket_path() -> PathBuf {
 }
 
 /// Sends a command to a running daemon; None when no daemon answers.
-pub fn forward(argv: &[String]) -> Result<Option<Reply>> {
+pub fn forward(argv: &[String], secret: Option<String>) -> Result<Option<Reply>> {
     let path = socket_path();
     let Ok(mut stream) = UnixStream::connect(&path) else {
         return Ok(None);
     };
     let mut line = serde_json::to_string(&Request {
         argv: argv.to_vec(),
+        secret,
     })?;
     line.push('\n');
     stream.write_all(line.as_bytes())?;
@@ -79,17 +83,40 @@ pub fn forward(argv: &[String]) -> Result<Option<Reply>> {
     })?))
 }
 
-fn handle(stream: UnixStream) -> Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
+/// Longest request line accepted (a command line and a password).
+const MAX_REQUEST_BYTES: u64 = 1 << 20;
+
+fn handle(stream: UnixStream, accounts: &tank_service::Accounts) -> Result<()> {
+    // Who is calling: the peer's uid from the kernel (SO_PEERCRED), never from the request.
+    let uid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .context("cannot read the caller's credentials")?
+        .uid();
+    let mut reader = BufReader::new(std::io::Read::take(stream.try_clone()?, MAX_REQUEST_BYTES));
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let req: Request = serde_json::from_str(&line).context("malformed request")?;
     let command = format!("tank {}", req.argv.join(" "));
-    let (code, out) = crate::out::capture(command, || {
-        let mut argv = vec!["tank".to_string()];
-        argv.extend(req.argv.iter().cloned());
-        crate::run_in_daemon(argv)
+    let allowed = tank_service::Caller::local(accounts, uid).and_then(|caller| {
+        let access = crate::cmd_account::access_of(&req.argv, accounts);
+        tank_service::authorize(&caller, &access)
     });
+    let (code, out) = match allowed {
+        Ok(()) => crate::out::capture(command, || {
+            let mut argv = vec!["tank".to_string()];
+            argv.extend(req.argv.iter().cloned());
+            crate::cmd_account::with_secret(req.secret, || crate::run_in_daemon(argv))
+        }),
+        Err(e) => {
+            eprintln!("refused 'tank {}' from uid {uid}: {e}", req.argv.join(" "));
+            (
+                e.exit_code(),
+                crate::out::Captured {
+                    stdout: String::new(),
+                    stderr: format!("tank: {e}\n"),
+                },
+            )
+        }
+    };
     let reply = Reply {
         code,
         stdout: out.stdout,
@@ -210,16 +237,25 @@ pub fn run(a: ServeArgs) -> Result<()> {
         crate::pools::adopt(opened);
     }
     mount_all();
+    let accounts = crate::cmd_account::open_for_daemon()?;
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
+    // Anyone on the host may connect; each request is authorized for the uid the kernel
+    // reports for its peer (root: administrator; another uid: its account, or refused).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
+            .with_context(|| format!("cannot open {} to local users", sock.display()))?;
+    }
     println!(
         "listening on {} (stop with Ctrl-C or SIGTERM)",
         sock.display()
     );
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
+            let accounts = accounts.clone();
             std::thread::spawn(move || {
-                if let Err(e) = handle(stream) {
+                if let Err(e) = handle(stream, &accounts) {
                     eprintln!("warning: client request failed: {}", crate::out::chain(&e));
                 }
             });

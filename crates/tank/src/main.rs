@@ -13,6 +13,7 @@ mod bench;
 mod bench_cache;
 mod bench_scrub;
 mod bench_sync;
+mod cmd_account;
 mod cmd_arc;
 mod cmd_dataset;
 mod cmd_debug;
@@ -110,6 +111,19 @@ enum Command {
     /// List or set tunables: arc_max, l2arc_write_max, l2arc_write_boost, l2arc_noprefetch,
     /// l2arc_feed_secs.
     Param(cmd_arc::ParamArgs),
+    /// Users: add, passwd, set, list, remove, export, import (the accounts every front end
+    /// authenticates).
+    #[command(subcommand)]
+    User(cmd_account::UserCmd),
+    /// Groups: add, list, remove, member add|remove.
+    #[command(subcommand)]
+    Group(cmd_account::GroupCmd),
+    /// S3 access keys: add, list, remove.
+    #[command(subcommand)]
+    Key(cmd_account::KeyCmd),
+    /// API tokens: add, list, remove.
+    #[command(subcommand)]
+    Token(cmd_account::TokenCmd),
 }
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -132,6 +146,10 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),
+        Command::User(c) => cmd_account::run_user(c),
+        Command::Group(c) => cmd_account::run_group(c),
+        Command::Key(c) => cmd_account::run_key(c),
+        Command::Token(c) => cmd_account::run_token(c),
     }
 }
 
@@ -148,6 +166,10 @@ fn forwarded(command: &Command) -> bool {
             | Command::Unmount(_)
             | Command::Debug(_)
             | Command::Param(_)
+            | Command::User(_)
+            | Command::Group(_)
+            | Command::Key(_)
+            | Command::Token(_)
     ) || matches!(command, Command::Arcstat(a) if !a.follows())
 }
 
@@ -168,9 +190,17 @@ pub fn run_in_daemon(argv: Vec<String>) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             errln!("tank: {}", crate::out::chain(&e));
-            1
+            exit_code(&e)
         }
     }
+}
+
+/// The exit status of a failed command: the service's own mapping for its errors (77 for a
+/// refused caller, 2 for a bad argument), else 1.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<tank_service::ServiceError>())
+        .map_or(1, tank_service::ServiceError::exit_code)
 }
 
 fn main() {
@@ -200,9 +230,20 @@ fn main() {
             return;
         }
     }
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // A password is read once, here, whether the daemon or this process uses it.
+    let secret = match cmd_account::secret_source(&argv) {
+        Some(file) => match cmd_account::read_secret(file.as_deref()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("tank: {}", crate::out::chain(&e));
+                std::process::exit(2);
+            }
+        },
+        None => None,
+    };
     if forwarded(&cli.command) {
-        let argv: Vec<String> = std::env::args().skip(1).collect();
-        match daemon::forward(&argv) {
+        match daemon::forward(&argv, secret.clone()) {
             Ok(Some(reply)) => {
                 out::write_out(&reply.stdout);
                 out::write_err(&reply.stderr);
@@ -215,9 +256,9 @@ fn main() {
             }
         }
     }
-    if let Err(e) = dispatch(cli.command) {
+    if let Err(e) = cmd_account::with_secret(secret, || dispatch(cli.command)) {
         eprintln!("tank: {}", crate::out::chain(&e));
-        std::process::exit(1);
+        std::process::exit(exit_code(&e));
     }
 }
 

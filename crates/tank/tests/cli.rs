@@ -1234,3 +1234,197 @@ fn background_work_runs_in_whichever_process_holds_the_pool() {
     assert!(st.contains("scan: resilvered"), "{st}");
     assert!(!st.contains("waiting"), "{st}");
 }
+
+/// Runs tank as another uid (and gid), with `stdin` on its standard input.
+fn run_as(env: &Env, uid: u32, args: &[&str], stdin: &str) -> Output {
+    use std::io::Write as _;
+    use std::os::unix::process::CommandExt;
+    // Another uid may not reach the build's directory: a copy in the test's own.
+    let exe = env.path("tank-exe");
+    if !exe.exists() {
+        std::fs::copy(env!("CARGO_BIN_EXE_tank"), &exe).unwrap();
+    }
+    let mut child = Command::new(&exe)
+        .args(args)
+        .env("TANK_DATA_DIR", env.path("data"))
+        .current_dir("/")
+        .uid(uid)
+        .gid(uid)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Starts `tank serve` on the environment's data directory and waits for its socket.
+fn serve(env: &Env) -> Daemon {
+    let child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .arg("serve")
+        .env("TANK_DATA_DIR", env.path("data"))
+        .current_dir(env.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !env.path("data/tank.sock").exists() {
+        assert!(std::time::Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    d
+}
+
+/// Accounts, and every request on the local socket authorized for the uid the kernel names:
+/// root and administrators may do everything, a user may read the state and manage its own
+/// account, a uid without an account nothing; the store survives a restart, and exports
+/// and imports whole.
+#[test]
+fn accounts_and_the_local_socket_authorize_each_caller() {
+    if effective_uid() != 0 {
+        common::skip(
+            "accounts_and_the_local_socket_authorize_each_caller",
+            "needs root to run commands as other uids",
+        );
+        return;
+    }
+    let env = Env::new();
+    // Other uids must reach the socket inside the test's directory.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let stdin_ok = |args: &[&str], stdin: &str| {
+        let out = run_as(&env, 0, args, stdin);
+        assert!(
+            out.status.success(),
+            "tank {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let mut d = Some(serve(&env));
+    env.ok(&["group", "add", "staff", "--gid", "3000"]);
+    let out = stdin_ok(
+        &["user", "add", "alice", "--uid", "1501", "--group", "staff"],
+        "alice's password\n",
+    );
+    assert!(
+        out.contains("added user 'alice' (uid 1501, gid 3000)"),
+        "{out}"
+    );
+    std::fs::write(env.path("pw"), "bob's password\n").unwrap();
+    let pwfile = env.path("pw").to_string_lossy().into_owned();
+    env.ok(&[
+        "user",
+        "add",
+        "bob",
+        "--uid",
+        "1502",
+        "--admin",
+        "--password-file",
+        &pwfile,
+    ]);
+    env.fails(&["user", "add", "carol"], "no password given");
+    env.fails(
+        &["user", "add", "Bad", "--password-file", &pwfile],
+        "invalid user name",
+    );
+    let users: serde_json::Value =
+        serde_json::from_str(&env.ok(&["user", "list", "--json"])).unwrap();
+    assert_eq!(users.as_array().unwrap().len(), 2, "{users}");
+    assert_eq!(users[0]["groups"][0], "staff");
+    assert!(
+        !users.to_string().contains("argon2"),
+        "no hash in a listing: {users}"
+    );
+    let store = std::fs::read(env.path("data/accounts.redb")).unwrap();
+    assert!(!String::from_utf8_lossy(&store).contains("alice's password"));
+    assert!(String::from_utf8_lossy(&store).contains("$argon2id$"));
+
+    let key = env.ok(&["key", "add", "alice"]);
+    let access = key
+        .lines()
+        .find_map(|l| l.strip_prefix("access_key: "))
+        .unwrap()
+        .to_string();
+    assert!(key.contains("secret_key: "), "{key}");
+    let token = env.ok(&["token", "add", "bob"]);
+    assert!(token.starts_with("token: tank_"), "{token}");
+
+    // Alice, a user: reads, and manages her own account only.
+    let as_alice = |args: &[&str], stdin: &str| run_as(&env, 1501, args, stdin);
+    let ok = |o: &Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let denied = |o: &Output, why: &str| {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(77), "{err}");
+        assert!(err.contains(why), "expected '{why}' in: {err}");
+    };
+    ok(&as_alice(&["pool", "list"], ""));
+    ok(&as_alice(&["user", "passwd", "alice"], "a new password\n"));
+    ok(&as_alice(&["key", "list", "alice"], ""));
+    ok(&as_alice(&["key", "remove", &access], ""));
+    denied(
+        &as_alice(&["user", "passwd", "bob"], "hijacked!!\n"),
+        "only its own account",
+    );
+    denied(
+        &as_alice(&["user", "list"], ""),
+        "'alice' is not an administrator",
+    );
+    denied(
+        &as_alice(&["token", "add", "bob"], ""),
+        "only its own account",
+    );
+    denied(
+        &as_alice(&["pool", "create", "--size", "64M", "p", "/tmp/x1"], ""),
+        "not an administrator",
+    );
+    denied(
+        &as_alice(&["user", "set", "alice", "admin=on"], ""),
+        "not an administrator",
+    );
+    // Bob, an administrator by his account.
+    ok(&run_as(&env, 1502, &["user", "list"], ""));
+    // A uid without an account.
+    denied(
+        &run_as(&env, 1600, &["pool", "list"], ""),
+        "uid 1600 has no tank account",
+    );
+
+    // The store survives a restart of the daemon, and a backup restores it whole.
+    drop(d.take());
+    let _d = serve(&env);
+    let listed = env.ok(&["user", "list"]);
+    assert!(
+        listed.contains("alice") && listed.contains("bob"),
+        "{listed}"
+    );
+    let backup = env.path("accounts.json").to_string_lossy().into_owned();
+    env.ok(&["user", "export", &backup]);
+    env.ok(&["user", "remove", "alice"]);
+    assert!(!env.ok(&["user", "list"]).contains("alice"));
+    env.fails(&["user", "export", &backup], "must not exist");
+    let out = env.ok(&["user", "import", &backup]);
+    assert!(out.contains("2 users, 1 groups"), "{out}");
+    ok(&as_alice(&["pool", "list"], ""));
+}
+
+fn effective_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(u32::MAX)
+}
