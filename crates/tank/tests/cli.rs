@@ -681,23 +681,7 @@ fn serve_creates_mounts_and_answers_the_cli() {
         return;
     }
     let env = Env::new();
-    let start = || {
-        let child = Command::new(env!("CARGO_BIN_EXE_tank"))
-            .arg("serve")
-            .env("TANK_DATA_DIR", env.path("data"))
-            .current_dir(env.dir.path())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let d = Daemon(child);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !env.path("data/tank.sock").exists() {
-            assert!(std::time::Instant::now() < deadline, "daemon did not start");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        d
-    };
+    let start = || serve(&env);
     let mnt = env.path("data/mnt/tank");
     {
         let _d = start();
@@ -1141,20 +1125,7 @@ fn counters_and_events_are_kept_with_the_pool() {
 
     // The daemon gives the same answer (it needs no mount: the pool's root has none).
     {
-        let child = Command::new(env!("CARGO_BIN_EXE_tank"))
-            .arg("serve")
-            .env("TANK_DATA_DIR", env.path("data"))
-            .current_dir(env.dir.path())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let _d = Daemon(child);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !env.path("data/tank.sock").exists() {
-            assert!(std::time::Instant::now() < deadline, "daemon did not start");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        let _d = serve(&env);
         assert_eq!(counters(&env.ok(&["pool", "status", "--json", "hp"])), seen);
         let from_daemon = event_list(&env.ok(&["pool", "events", "--json", "hp"]));
         for e in &cksum {
