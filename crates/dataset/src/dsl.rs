@@ -123,6 +123,21 @@ pub struct Record {
     /// A snapshot's clones.
     #[serde(default)]
     pub clones: Vec<u64>,
+    /// How a filesystem or volume is shared (`tank share`): kept with the dataset, as ZFS
+    /// keeps `sharenfs` and `sharesmb`, so shares move with the pool. Never on a snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<Share>,
+}
+
+/// One share of a dataset: a protocol, a name unique among the shares of every pool, and the
+/// protocol's options (who may use it among them). The service layer checks them; this layer
+/// keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    pub protocol: String,
+    pub name: String,
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
 }
 
 impl Record {
@@ -253,6 +268,11 @@ pub enum Op {
     SetProps {
         name: String,
         props: Vec<(String, Option<String>)>,
+    },
+    /// Replaces the shares of a filesystem or volume.
+    SetShares {
+        name: String,
+        shares: Vec<Share>,
     },
 }
 
@@ -1327,6 +1347,7 @@ impl Dsl {
             } => self.op_clone(st, ctx, snapshot, target, props),
             Op::Rename { from, to } => self.op_rename(st, from, to),
             Op::SetProps { name, props } => self.op_set(st, name, props),
+            Op::SetShares { name, shares } => self.op_set_shares(st, name, shares),
         }
     }
 
@@ -1367,6 +1388,7 @@ impl Dsl {
             lunique: space.lsize,
             written: space.dsize,
             clones: vec![],
+            shares: vec![],
         };
         st.records.insert(ROOT_ID, rec);
         st.dirty_records.insert(ROOT_ID);
@@ -1442,6 +1464,7 @@ impl Dsl {
             lunique: 0,
             written: 0,
             clones: vec![],
+            shares: vec![],
         };
         st.records.insert(id, rec);
         st.dirty_records.insert(id);
@@ -1597,6 +1620,7 @@ impl Dsl {
                 lunique: head.lunique,
                 written: head.written,
                 clones: vec![],
+                shares: vec![],
             };
             st.records.insert(id, rec);
             st.dirty_records.insert(id);
@@ -1975,6 +1999,7 @@ impl Dsl {
             lunique: 0,
             written: 0,
             clones: vec![],
+            shares: vec![],
         };
         st.records.insert(id, rec);
         st.dirty_records.insert(id);
@@ -2051,6 +2076,17 @@ impl Dsl {
             )));
         }
         Ok(())
+    }
+
+    fn op_set_shares(&self, st: &mut State, name: &str, shares: &[Share]) -> Res<Vec<u64>> {
+        let id = st.resolve(&self.pool_name(), name)?;
+        if st.rec(id)?.kind == DatasetKind::Snapshot {
+            return Err(DslError::Invalid(format!(
+                "'{name}' is a snapshot: snapshots are shared through their dataset"
+            )));
+        }
+        st.rec_mut(id)?.shares = shares.to_vec();
+        Ok(vec![id])
     }
 
     fn op_set(

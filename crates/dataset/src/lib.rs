@@ -19,7 +19,7 @@ pub mod props;
 pub mod scan;
 pub mod zvol;
 
-pub use dsl::{DatasetInfo, DatasetKind, Dsl, DslError, Op, Record};
+pub use dsl::{DatasetInfo, DatasetKind, Dsl, DslError, Op, Record, Share};
 pub use errno::Errno;
 pub use hooks::DsHooks;
 pub use scan::{error_name, SnapshotRoots, SNAPSHOT_TREE_BASE};

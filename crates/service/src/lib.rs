@@ -8,6 +8,9 @@
 //!   in the data directory;
 //! - [`caller`]: who is asking (an administrator, a user, or nobody known) and the two roles'
 //!   rules, [`caller::authorize`], which every request passes before it runs;
+//! - [`shares`]: which datasets and volumes are served by which protocol, to whom: kept
+//!   with the datasets, checked per protocol, with a seam that tells the protocol servers
+//!   what changed;
 //! - [`error`]: the service's errors, mapped once to HTTP status codes, errnos and CLI exit
 //!   codes.
 //!
@@ -18,6 +21,7 @@
 pub mod accounts;
 pub mod caller;
 pub mod error;
+pub mod shares;
 
 pub use accounts::{AccessKey, Accounts, Export, Group, NewUser, Token, User};
 pub use caller::{authorize, Access, Caller};

@@ -511,6 +511,7 @@ pub fn access_of(argv: &[String], accounts: &Accounts) -> tank_service::Access {
         },
         ["pool", "list" | "status" | "iostat" | "history" | "get", ..]
         | ["dataset", "list" | "get", ..]
+        | ["share", "list", ..]
         | ["arcstat", ..] => Access::Read,
         ["pool", "events", rest @ ..] if !rest.iter().any(|w| *w == "-c" || *w == "--clear") => {
             Access::Read

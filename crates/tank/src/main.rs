@@ -18,6 +18,7 @@ mod cmd_arc;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
+mod cmd_share;
 mod daemon;
 mod datadir;
 mod demo;
@@ -124,6 +125,9 @@ enum Command {
     /// API tokens: add, list, remove.
     #[command(subcommand)]
     Token(cmd_account::TokenCmd),
+    /// Shares (smb, nfs, s3, iscsi): add, list, set, remove; kept with their datasets.
+    #[command(subcommand)]
+    Share(cmd_share::ShareCmd),
 }
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -150,6 +154,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Group(c) => cmd_account::run_group(c),
         Command::Key(c) => cmd_account::run_key(c),
         Command::Token(c) => cmd_account::run_token(c),
+        Command::Share(c) => cmd_share::run(c),
     }
 }
 
@@ -170,6 +175,7 @@ fn forwarded(command: &Command) -> bool {
             | Command::Group(_)
             | Command::Key(_)
             | Command::Token(_)
+            | Command::Share(_)
     ) || matches!(command, Command::Arcstat(a) if !a.follows())
 }
 

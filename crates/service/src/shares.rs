@@ -1,0 +1,639 @@
+//! Shares: which datasets and volumes are served, by which protocol, to whom.
+//!
+//! # Theory of operation
+//! A share is a protocol (`smb`, `nfs`, `s3`, `iscsi`), a name unique among the shares of
+//! every imported pool, the dataset or volume it serves, and the protocol's options, who may
+//! use it among them. It is stored with the dataset (`tank_dataset::Share` in the dataset's
+//! record, written by a sync task), as ZFS keeps `sharenfs` and `sharesmb`, so shares move
+//! with the pool and change atomically with a txg.
+//!
+//! [`validate`] checks a share's options against its protocol and the kind of dataset, with
+//! a clear error for each wrong key or value, and fills in defaults; [`Registry`] adds, sets
+//! and removes shares across the pools it is given and tells every [`ShareWatcher`] (the
+//! protocol servers, when they come) what changed, after the change is committed.
+//!
+//! # Options
+//! | protocol | dataset | options |
+//! |---|---|---|
+//! | all | | `readonly` (on/off), `comment` (text) |
+//! | smb | filesystem | `users`, `groups` (accounts; empty: every account), `browseable` (on), `guest` (off), `timemachine` (off), `timemachine_quota` (a size; with timemachine), `previous_versions` (on) |
+//! | nfs | filesystem | `hosts` (addresses, CIDR networks or host names; default none), `squash` (`root_squash`, `no_root_squash`, `all_squash`), `anonuid`, `anongid` (65534), `sec` (`sys`) |
+//! | s3 | filesystem | `users`, `groups`, `public` (`off`, `read`); the name is the bucket name |
+//! | iscsi | volume | `iqn` (a target name; default `iqn.2026-11.org.tank:POOL.NAME`), `lun` (0-255, default 0), `initiators` (IQNs; empty: none), `chap_users` (accounts) |
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use tank_dataset::{DatasetKind, Dsl, Op, Share};
+
+use crate::accounts::Accounts;
+use crate::error::ServiceError;
+
+type Res<T> = Result<T, ServiceError>;
+
+pub const PROTOCOLS: [&str; 4] = ["smb", "nfs", "s3", "iscsi"];
+
+/// A share as listed: where it lives and what it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShareInfo {
+    pub protocol: String,
+    pub name: String,
+    pub dataset: String,
+    pub options: BTreeMap<String, String>,
+}
+
+/// What changed, for the servers of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShareChange {
+    Added(ShareInfo),
+    Changed { before: ShareInfo, after: ShareInfo },
+    Removed(ShareInfo),
+}
+
+/// A protocol server (or a test double) told of every committed change to the shares.
+pub trait ShareWatcher: Send + Sync {
+    fn share_changed(&self, change: &ShareChange);
+}
+
+fn invalid(msg: String) -> ServiceError {
+    ServiceError::Invalid(msg)
+}
+
+fn on_off(key: &str, value: &str) -> Res<String> {
+    match value {
+        "on" | "yes" | "true" => Ok("on".into()),
+        "off" | "no" | "false" => Ok("off".into()),
+        _ => Err(invalid(format!(
+            "invalid value '{value}' for {key}: on or off"
+        ))),
+    }
+}
+
+fn list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// An IPv4/IPv6 address, a CIDR network, or a host name.
+fn check_host(h: &str) -> Res<()> {
+    let (addr, prefix) = match h.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (h, None),
+    };
+    if let Ok(ip) = addr.parse::<IpAddr>() {
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if let Some(p) = prefix {
+            match p.parse::<u8>() {
+                Ok(n) if n <= max => {}
+                _ => {
+                    return Err(invalid(format!(
+                        "invalid network '{h}': the prefix length is 0 to {max}"
+                    )))
+                }
+            }
+        }
+        return Ok(());
+    }
+    let name_ok = prefix.is_none()
+        && !addr.is_empty()
+        && addr.len() <= 253
+        && addr.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !l.starts_with('-')
+        });
+    if !name_ok {
+        return Err(invalid(format!(
+            "invalid host '{h}': an IPv4 or IPv6 address, a network (10.0.0.0/24, fd00::/64) or a host name"
+        )));
+    }
+    Ok(())
+}
+
+/// An iSCSI qualified name: `iqn.YYYY-MM.reversed.domain[:anything]`.
+fn check_iqn(iqn: &str) -> Res<()> {
+    let bad = || {
+        invalid(format!(
+            "invalid iSCSI name '{iqn}': iqn.YYYY-MM.reversed.domain[:name] (RFC 3720), lowercase"
+        ))
+    };
+    let rest = iqn.strip_prefix("iqn.").ok_or_else(bad)?;
+    let date = rest.get(..7).ok_or_else(bad)?;
+    let ok_date = date.as_bytes()[4] == b'-'
+        && date[..4].chars().all(|c| c.is_ascii_digit())
+        && date[5..].chars().all(|c| c.is_ascii_digit());
+    let domain = rest[7..].strip_prefix('.').ok_or_else(bad)?;
+    let (domain, _id) = domain.split_once(':').unwrap_or((domain, ""));
+    let ok_domain = !domain.is_empty()
+        && domain
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-');
+    if !ok_date || !ok_domain || iqn.len() > 223 || iqn.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// A share name: for s3 a bucket name (3-63 lowercase letters, digits, '-' and '.'), for the
+/// others 1-80 letters, digits, '_', '-' and '.'.
+fn check_name(protocol: &str, name: &str) -> Res<()> {
+    if protocol == "s3" {
+        let ok = (3..=63).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && !name.contains("..")
+            && name.parse::<std::net::Ipv4Addr>().is_err();
+        if !ok {
+            return Err(invalid(format!(
+                "invalid bucket name '{name}': 3 to 63 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+            )));
+        }
+        return Ok(());
+    }
+    let ok = !name.is_empty()
+        && name.len() <= 80
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    if !ok {
+        return Err(invalid(format!(
+            "invalid share name '{name}': 1 to 80 letters, digits, '_', '-' and '.'"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks and normalizes `options` of a `protocol` share named `name` of a dataset of `kind`
+/// (`pool` and `dataset` for defaults); account names are checked against `accounts` when
+/// given. Returns the options with every default filled in.
+pub fn validate(
+    protocol: &str,
+    name: &str,
+    dataset: &str,
+    kind: DatasetKind,
+    options: &BTreeMap<String, String>,
+    accounts: Option<&Accounts>,
+) -> Res<BTreeMap<String, String>> {
+    if !PROTOCOLS.contains(&protocol) {
+        return Err(invalid(format!(
+            "unknown protocol '{protocol}': smb, nfs, s3 or iscsi"
+        )));
+    }
+    check_name(protocol, name)?;
+    let want = if protocol == "iscsi" {
+        DatasetKind::Volume
+    } else {
+        DatasetKind::Filesystem
+    };
+    if kind != want {
+        return Err(invalid(format!(
+            "cannot share '{dataset}' by {protocol}: it is a {}, and {protocol} serves {}s",
+            kind.name(),
+            want.name()
+        )));
+    }
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    let defaults: &[(&str, &str)] = match protocol {
+        "smb" => &[
+            ("readonly", "off"),
+            ("browseable", "on"),
+            ("guest", "off"),
+            ("timemachine", "off"),
+            ("previous_versions", "on"),
+        ],
+        "nfs" => &[
+            ("readonly", "off"),
+            ("squash", "root_squash"),
+            ("anonuid", "65534"),
+            ("anongid", "65534"),
+            ("sec", "sys"),
+        ],
+        "s3" => &[("readonly", "off"), ("public", "off")],
+        _ => &[("readonly", "off"), ("lun", "0")],
+    };
+    for (k, v) in defaults {
+        out.insert(k.to_string(), v.to_string());
+    }
+    if protocol == "iscsi" {
+        let (pool, vol) = dataset.split_once('/').unwrap_or((dataset, ""));
+        out.insert(
+            "iqn".into(),
+            format!("iqn.2026-11.org.tank:{pool}.{}", vol.replace('/', ".")).to_lowercase(),
+        );
+    }
+    let check_accounts = |key: &str, value: &str| -> Res<String> {
+        let names = list(value);
+        if let Some(a) = accounts {
+            for n in &names {
+                let found = if key == "groups" {
+                    a.groups()?.iter().any(|g| &g.name == n)
+                } else {
+                    a.user(n).is_ok()
+                };
+                if !found {
+                    let what = if key == "groups" { "group" } else { "user" };
+                    return Err(ServiceError::NotFound(format!(
+                        "no such {what} '{n}' (in {key})"
+                    )));
+                }
+            }
+        }
+        Ok(names.join(","))
+    };
+    for (k, v) in options {
+        let value = match (protocol, k.as_str()) {
+            (_, "readonly") => on_off(k, v)?,
+            (_, "comment") => {
+                if v.len() > 256 || v.chars().any(char::is_control) {
+                    return Err(invalid(
+                        "a comment has at most 256 printable characters".into(),
+                    ));
+                }
+                v.clone()
+            }
+            ("smb" | "s3", "users" | "groups") | ("iscsi", "chap_users") => check_accounts(k, v)?,
+            ("smb", "browseable" | "guest" | "timemachine" | "previous_versions") => on_off(k, v)?,
+            ("smb", "timemachine_quota") => {
+                let bytes = tank_dataset::props::parse_size(v, false).map_err(invalid)?;
+                bytes.to_string()
+            }
+            ("nfs", "hosts") => {
+                let hosts = list(v);
+                for h in &hosts {
+                    check_host(h)?;
+                }
+                hosts.join(",")
+            }
+            ("nfs", "squash") => match v.as_str() {
+                "root_squash" | "no_root_squash" | "all_squash" => v.clone(),
+                _ => {
+                    return Err(invalid(format!(
+                        "invalid squash '{v}': root_squash, no_root_squash or all_squash"
+                    )))
+                }
+            },
+            ("nfs", "anonuid" | "anongid") => v
+                .parse::<u32>()
+                .map_err(|_| invalid(format!("invalid {k} '{v}': a number")))?
+                .to_string(),
+            ("nfs", "sec") => match v.as_str() {
+                "sys" => v.clone(),
+                _ => return Err(invalid(format!("invalid sec '{v}': only sys is served"))),
+            },
+            ("s3", "public") => match v.as_str() {
+                "off" | "read" => v.clone(),
+                _ => return Err(invalid(format!("invalid public '{v}': off or read"))),
+            },
+            ("iscsi", "iqn") => {
+                check_iqn(v)?;
+                v.clone()
+            }
+            ("iscsi", "lun") => match v.parse::<u16>() {
+                Ok(n) if n <= 255 => n.to_string(),
+                _ => return Err(invalid(format!("invalid lun '{v}': 0 to 255"))),
+            },
+            ("iscsi", "initiators") => {
+                let iqns = list(v);
+                for i in &iqns {
+                    check_iqn(i)?;
+                }
+                iqns.join(",")
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "unknown {protocol} share option '{k}' (see 'tank share add --help')"
+                )))
+            }
+        };
+        out.insert(k.clone(), value);
+    }
+    if out.contains_key("timemachine_quota")
+        && out.get("timemachine").map(String::as_str) != Some("on")
+    {
+        return Err(invalid("timemachine_quota needs timemachine=on".into()));
+    }
+    Ok(out)
+}
+
+/// The shares of every pool given, and their changes.
+#[derive(Default)]
+pub struct Registry {
+    watchers: Mutex<Vec<Arc<dyn ShareWatcher>>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Tells `w` of every later change.
+    pub fn watch(&self, w: Arc<dyn ShareWatcher>) {
+        self.watchers.lock().push(w);
+    }
+
+    fn notify(&self, change: ShareChange) {
+        for w in self.watchers.lock().iter() {
+            w.share_changed(&change);
+        }
+    }
+
+    /// Every share of the pools, by name.
+    pub fn list(&self, pools: &[Arc<Dsl>]) -> Vec<ShareInfo> {
+        let mut out = Vec::new();
+        for dsl in pools {
+            for id in dsl.all_ids() {
+                let Ok(rec) = dsl.record(id) else { continue };
+                for s in rec.shares {
+                    out.push(ShareInfo {
+                        protocol: s.protocol,
+                        name: s.name,
+                        dataset: dsl.name_of(id),
+                        options: s.options,
+                    });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    fn find(&self, pools: &[Arc<Dsl>], name: &str) -> Res<(ShareInfo, Arc<Dsl>)> {
+        for dsl in pools {
+            if let Some(s) = self
+                .list(std::slice::from_ref(dsl))
+                .into_iter()
+                .find(|s| s.name == name)
+            {
+                return Ok((s, dsl.clone()));
+            }
+        }
+        Err(ServiceError::NotFound(format!("no such share '{name}'")))
+    }
+
+    fn write(dsl: &Dsl, dataset: &str, f: impl FnOnce(&mut Vec<Share>)) -> Res<()> {
+        let id = dsl
+            .resolve(dataset)
+            .map_err(|e| ServiceError::NotFound(e.to_string()))?;
+        let mut shares = dsl
+            .record(id)
+            .map_err(|e| ServiceError::NotFound(e.to_string()))?
+            .shares;
+        f(&mut shares);
+        dsl.run(Op::SetShares {
+            name: dataset.to_string(),
+            shares,
+        })
+        .map_err(|e| ServiceError::Store(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Adds a share of `dataset` (in one of `pools`).
+    pub fn add(
+        &self,
+        pools: &[Arc<Dsl>],
+        protocol: &str,
+        name: &str,
+        dataset: &str,
+        options: &BTreeMap<String, String>,
+        accounts: Option<&Accounts>,
+    ) -> Res<ShareInfo> {
+        let pool = dataset.split('/').next().unwrap_or("");
+        let dsl = pools
+            .iter()
+            .find(|d| d.pool_name() == pool)
+            .ok_or_else(|| ServiceError::NotFound(format!("no such pool '{pool}'")))?;
+        let id = dsl
+            .resolve(dataset)
+            .map_err(|e| ServiceError::NotFound(e.to_string()))?;
+        let kind = dsl
+            .record(id)
+            .map_err(|e| ServiceError::NotFound(e.to_string()))?
+            .kind;
+        if kind == DatasetKind::Snapshot {
+            return Err(invalid(format!(
+                "cannot share '{dataset}': snapshots are served through their dataset (read-only under .tank/snapshot)"
+            )));
+        }
+        let options = validate(protocol, name, dataset, kind, options, accounts)?;
+        if let Some(s) = self.list(pools).into_iter().find(|s| s.name == name) {
+            return Err(ServiceError::Exists(format!(
+                "share '{name}' exists ({} share of {})",
+                s.protocol, s.dataset
+            )));
+        }
+        let share = Share {
+            protocol: protocol.to_string(),
+            name: name.to_string(),
+            options: options.clone(),
+        };
+        Self::write(dsl, dataset, |v| v.push(share))?;
+        let info = ShareInfo {
+            protocol: protocol.to_string(),
+            name: name.to_string(),
+            dataset: dataset.to_string(),
+            options,
+        };
+        self.notify(ShareChange::Added(info.clone()));
+        Ok(info)
+    }
+
+    /// Changes options of a share (`KEY=VALUE`; an empty value goes back to the default).
+    pub fn set(
+        &self,
+        pools: &[Arc<Dsl>],
+        name: &str,
+        changes: &[(String, String)],
+        accounts: Option<&Accounts>,
+    ) -> Res<ShareInfo> {
+        let (before, dsl) = self.find(pools, name)?;
+        let kind = dsl
+            .record(
+                dsl.resolve(&before.dataset)
+                    .map_err(|e| ServiceError::NotFound(e.to_string()))?,
+            )
+            .map_err(|e| ServiceError::NotFound(e.to_string()))?
+            .kind;
+        // Re-validate from what was given explicitly, so defaults follow a change of them.
+        let mut given = before.options.clone();
+        for (k, v) in changes {
+            if v.is_empty() {
+                given.remove(k);
+            } else {
+                given.insert(k.clone(), v.clone());
+            }
+        }
+        let options = validate(
+            &before.protocol,
+            name,
+            &before.dataset,
+            kind,
+            &given,
+            accounts,
+        )?;
+        Self::write(&dsl, &before.dataset, |v| {
+            for s in v.iter_mut().filter(|s| s.name == name) {
+                s.options = options.clone();
+            }
+        })?;
+        let after = ShareInfo {
+            options,
+            ..before.clone()
+        };
+        self.notify(ShareChange::Changed {
+            before,
+            after: after.clone(),
+        });
+        Ok(after)
+    }
+
+    pub fn remove(&self, pools: &[Arc<Dsl>], name: &str) -> Res<ShareInfo> {
+        let (info, dsl) = self.find(pools, name)?;
+        Self::write(&dsl, &info.dataset, |v| v.retain(|s| s.name != name))?;
+        self.notify(ShareChange::Removed(info.clone()));
+        Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn options_are_checked_per_protocol() {
+        let fs = DatasetKind::Filesystem;
+        let ok = validate(
+            "nfs",
+            "media",
+            "tank/media",
+            fs,
+            &opts(&[
+                ("hosts", "10.0.0.0/24, fd00::/64,nas.local"),
+                ("squash", "all_squash"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(ok["hosts"], "10.0.0.0/24,fd00::/64,nas.local");
+        assert_eq!(ok["anonuid"], "65534");
+        let smb = validate(
+            "smb",
+            "tm",
+            "tank/tm",
+            fs,
+            &opts(&[("timemachine", "yes"), ("timemachine_quota", "500G")]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(smb["timemachine"], "on");
+        assert_eq!(smb["timemachine_quota"], (500u64 << 30).to_string());
+        let iscsi = validate(
+            "iscsi",
+            "vm1",
+            "tank/vms/vm1",
+            DatasetKind::Volume,
+            &BTreeMap::new(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(iscsi["iqn"], "iqn.2026-11.org.tank:tank.vms.vm1");
+        /// protocol, share name, dataset kind, options, what the refusal says.
+        type Case<'a> = (
+            &'a str,
+            &'a str,
+            DatasetKind,
+            &'a [(&'a str, &'a str)],
+            &'a str,
+        );
+        let cases: &[Case] = &[
+            ("ftp", "x", fs, &[], "unknown protocol"),
+            ("nfs", "x", fs, &[("hosts", "10.0.0.0/33")], "prefix length"),
+            ("nfs", "x", fs, &[("hosts", "bad host!")], "invalid host"),
+            ("nfs", "x", fs, &[("squash", "some")], "invalid squash"),
+            ("nfs", "x", fs, &[("sec", "krb5")], "only sys"),
+            (
+                "nfs",
+                "x",
+                fs,
+                &[("users", "alice")],
+                "unknown nfs share option 'users'",
+            ),
+            ("smb", "x", fs, &[("guest", "maybe")], "on or off"),
+            (
+                "smb",
+                "x",
+                fs,
+                &[("timemachine_quota", "1T")],
+                "needs timemachine=on",
+            ),
+            ("s3", "Bad_Bucket", fs, &[], "invalid bucket name"),
+            ("s3", "ok-bucket", fs, &[("public", "write")], "off or read"),
+            ("iscsi", "vm", fs, &[], "serves volumes"),
+            ("smb", "x", DatasetKind::Volume, &[], "serves filesystems"),
+            (
+                "iscsi",
+                "vm",
+                DatasetKind::Volume,
+                &[("iqn", "iqn.20x6-11.org.tank:a")],
+                "invalid iSCSI name",
+            ),
+            (
+                "iscsi",
+                "vm",
+                DatasetKind::Volume,
+                &[("lun", "256")],
+                "0 to 255",
+            ),
+            ("smb", "a b", fs, &[], "invalid share name"),
+        ];
+        for (proto, name, kind, o, want) in cases {
+            let e = validate(proto, name, "tank/x", *kind, &opts(o), None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{proto} {o:?}: expected '{want}' in: {e}");
+        }
+    }
+
+    #[test]
+    fn account_names_are_checked_when_accounts_are_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Accounts::open(&dir.path().join("a.redb")).unwrap();
+        a.add_group("staff", None).unwrap();
+        let fs = DatasetKind::Filesystem;
+        validate(
+            "smb",
+            "s",
+            "t/s",
+            fs,
+            &opts(&[("groups", "staff")]),
+            Some(&a),
+        )
+        .unwrap();
+        let e = validate(
+            "smb",
+            "s",
+            "t/s",
+            fs,
+            &opts(&[("users", "ghost")]),
+            Some(&a),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ServiceError::NotFound(_)), "{e}");
+    }
+}
