@@ -335,19 +335,21 @@ pub fn run_user(c: UserCmd) -> Result<()> {
             );
         }
         UserCmd::Export(f) => {
+            let file = crate::out::resolve(&f.file);
             let data = serde_json::to_vec_pretty(&a.export()?)?;
-            write_private(&f.file, &data)?;
-            outln!("accounts written to {}", f.file.display());
+            write_private(&file, &data)?;
+            outln!("accounts written to {}", file.display());
         }
         UserCmd::Import(f) => {
-            let raw = std::fs::read(&f.file)
-                .with_context(|| format!("cannot read {}", f.file.display()))?;
+            let file = crate::out::resolve(&f.file);
+            let raw =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let data: tank_service::Export = serde_json::from_slice(&raw)
-                .with_context(|| format!("{} is not an account export", f.file.display()))?;
+                .with_context(|| format!("{} is not an account export", file.display()))?;
             a.import(&data)?;
             outln!(
                 "accounts replaced from {}: {} users, {} groups, {} keys, {} tokens",
-                f.file.display(),
+                file.display(),
                 data.users.len(),
                 data.groups.len(),
                 data.keys.len(),

@@ -80,7 +80,7 @@ pub enum ObjectCmd {
 
 pub fn run(cmd: DebugCmd) -> Result<()> {
     match cmd {
-        DebugCmd::Label(a) => dump_label(&a.device, a.json),
+        DebugCmd::Label(a) => dump_label(&crate::out::resolve(&a.device), a.json),
         DebugCmd::Tree(a) => dump_tree(&a),
         DebugCmd::Object(c) => object(c),
     }
@@ -253,6 +253,7 @@ fn object(cmd: ObjectCmd) -> Result<()> {
             let (id, len) = if file.as_os_str() == "-" {
                 write_object(&os, &opened.store, std::io::stdin().lock(), bs as u32)?
             } else {
+                let file = crate::out::resolve(&file);
                 let f = std::fs::File::open(&file)
                     .with_context(|| format!("cannot open {}", file.display()))?;
                 write_object(&os, &opened.store, std::io::BufReader::new(f), bs as u32)?

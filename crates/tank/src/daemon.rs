@@ -49,6 +49,10 @@ pub struct Request {
     /// A password the command needs (`user add`, `user passwd`), read by the client.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// The client's working directory: relative paths of the command are resolved
+    /// against it (`out::resolve`), not against the daemon's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -71,6 +75,7 @@ pub fn forward(argv: &[String], secret: Option<String>) -> Result<Option<Reply>>
     let mut line = serde_json::to_string(&Request {
         argv: argv.to_vec(),
         secret,
+        cwd: std::env::current_dir().ok(),
     })?;
     line.push('\n');
     stream.write_all(line.as_bytes())?;
@@ -104,7 +109,9 @@ fn handle(stream: UnixStream, accounts: &tank_service::Accounts) -> Result<()> {
         Ok(()) => crate::out::capture(command, || {
             let mut argv = vec!["tank".to_string()];
             argv.extend(req.argv.iter().cloned());
-            crate::cmd_account::with_secret(req.secret, || crate::run_in_daemon(argv))
+            crate::out::with_client_dir(req.cwd, || {
+                crate::cmd_account::with_secret(req.secret, || crate::run_in_daemon(argv))
+            })
         }),
         Err(e) => {
             eprintln!("refused 'tank {}' from uid {uid}: {e}", req.argv.join(" "));

@@ -259,7 +259,8 @@ pub fn unmount_all() -> Vec<String> {
 
 pub fn run_mount(a: MountArgs) -> Result<()> {
     let opened = open_pool(pool_of(&a.dataset))?;
-    let dir = mount_dataset(&opened.dsl, &opened.store, &a.dataset, a.dir.as_deref());
+    let given = a.dir.as_deref().map(crate::out::resolve);
+    let dir = mount_dataset(&opened.dsl, &opened.store, &a.dataset, given.as_deref());
     let dir = match dir {
         Ok(d) => d,
         Err(e) => {
@@ -314,7 +315,7 @@ pub fn run_mount(a: MountArgs) -> Result<()> {
 pub fn run_unmount(a: UnmountArgs) -> Result<()> {
     let found = {
         let mut t = MOUNTS.lock();
-        let target = Path::new(&a.target);
+        let target = crate::out::resolve(Path::new(&a.target));
         let pos = t
             .iter()
             .position(|m| m.dataset == a.target || m.dir == target);
@@ -329,11 +330,14 @@ pub fn run_unmount(a: UnmountArgs) -> Result<()> {
         None => {
             // A mount served by another process (a foreground `tank mount`): by directory,
             // or by the dataset name the kernel's mount table shows as its source.
-            let dir = if a.target.starts_with('/') {
-                PathBuf::from(&a.target)
-            } else {
-                mounted_dir_of(&a.target)
-                    .with_context(|| format!("cannot unmount '{}': it is not mounted", a.target))?
+            // A directory (absolute, or relative to the client's working directory), else
+            // a dataset name (which may also contain '/').
+            let as_dir = crate::out::resolve(Path::new(&a.target));
+            let dir = match mounted_dir_of(&a.target) {
+                Some(d) if !a.target.starts_with('/') && !a.target.starts_with('.') => d,
+                _ if as_dir.is_dir() => as_dir,
+                Some(d) => d,
+                None => bail!("cannot unmount '{}': it is not mounted", a.target),
             };
             tank_fuse::unmount(&dir)?;
             outln!("unmounted {}", dir.display());

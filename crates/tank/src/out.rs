@@ -18,6 +18,32 @@ pub struct Captured {
 thread_local! {
     static CAPTURE: RefCell<Option<Captured>> = const { RefCell::new(None) };
     static COMMAND: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The working directory of the client whose command this daemon thread runs.
+    static CLIENT_DIR: RefCell<Option<std::path::PathBuf>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with relative paths resolved against `dir`, the client's working directory (a
+/// daemon thread cannot change the process's own).
+pub fn with_client_dir<R>(dir: Option<std::path::PathBuf>, f: impl FnOnce() -> R) -> R {
+    CLIENT_DIR.with(|c| *c.borrow_mut() = dir);
+    let r = f();
+    CLIENT_DIR.with(|c| *c.borrow_mut() = None);
+    r
+}
+
+/// A path as the user meant it: a relative one against the working directory of the
+/// command's client (in the daemon) or of this process.
+pub fn resolve(path: &std::path::Path) -> std::path::PathBuf {
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    let base = CLIENT_DIR
+        .with(|c| c.borrow().clone())
+        .or_else(|| std::env::current_dir().ok());
+    match base {
+        Some(b) => b.join(path),
+        None => path.to_path_buf(),
+    }
 }
 
 /// The command line a client sent, for the pool history (None in the CLI).

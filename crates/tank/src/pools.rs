@@ -96,12 +96,7 @@ impl Opened {
 
 /// Makes a device path absolute so the cache and labels name it unambiguously.
 pub fn absolute(path: &str) -> Result<String> {
-    let p = Path::new(path);
-    let abs = if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        std::env::current_dir()?.join(p)
-    };
+    let abs = crate::out::resolve(Path::new(path));
     Ok(abs.to_string_lossy().into_owned())
 }
 
@@ -202,7 +197,7 @@ pub fn scan_dirs(dirs: &[PathBuf], lock: bool) -> Result<Vec<DeviceRef>> {
     let mut out = Vec::new();
     for dir in dirs {
         // Absolute, so the cache file and the labels name the devices from anywhere.
-        let dir = &std::fs::canonicalize(dir)
+        let dir = &std::fs::canonicalize(crate::out::resolve(dir))
             .with_context(|| format!("cannot read directory {}", dir.display()))?;
         let entries = std::fs::read_dir(dir)
             .with_context(|| format!("cannot read directory {}", dir.display()))?;

@@ -1496,3 +1496,42 @@ fn shares_from_the_command_line() {
         "{human}"
     );
 }
+
+/// Relative paths of a command that the daemon runs are the client's: a pool created from
+/// another directory with relative device names has its devices there, and a file the
+/// command writes lands there too (the story: the daemon used to resolve them against its
+/// own working directory).
+#[test]
+fn the_daemon_resolves_paths_against_the_clients_directory() {
+    let env = Env::new();
+    let _d = serve(&env);
+    let client = env.path("client");
+    std::fs::create_dir(&client).unwrap();
+    let run_here = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tank"))
+            .args(args)
+            .env("TANK_DATA_DIR", env.path("data"))
+            .current_dir(&client)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tank {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    run_here(&[
+        "pool", "create", "--size", "64M", "rel", "mirror", "a0", "a1",
+    ]);
+    assert!(client.join("a0").is_file() && client.join("a1").is_file());
+    assert!(!env.path("a0").exists(), "not in the daemon's directory");
+    let status = run_here(&["pool", "status", "rel"]);
+    assert!(
+        status.contains(&*client.join("a0").to_string_lossy()),
+        "{status}"
+    );
+    run_here(&["user", "export", "accounts.json"]);
+    assert!(client.join("accounts.json").is_file());
+    run_here(&["debug", "label", "a0"]);
+}
