@@ -522,3 +522,77 @@ pub fn access_of(argv: &[String], accounts: &Accounts) -> tank_service::Access {
         _ => Access::Admin,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tank_service::Access;
+
+    #[test]
+    fn each_command_line_needs_its_access() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Accounts::open(&dir.path().join("a.redb")).unwrap();
+        a.add_user(NewUser {
+            name: "alice".into(),
+            ..NewUser::default()
+        })
+        .unwrap();
+        let key = a.add_key("alice").unwrap().access_key;
+        let (token, _) = a.add_token("alice").unwrap();
+        let need = |line: &str| {
+            let argv: Vec<String> = line.split_whitespace().map(String::from).collect();
+            access_of(&argv, &a)
+        };
+        let own = Access::Account("alice".into());
+        for line in [
+            "pool list",
+            "pool status -v tank",
+            "pool events tank",
+            "pool iostat -v tank 1 2",
+            "pool history tank",
+            "pool get all tank",
+            "dataset list -r",
+            "dataset get all tank/a",
+            "share list --json",
+            "arcstat",
+            "param",
+        ] {
+            assert_eq!(need(line), Access::Read, "{line}");
+        }
+        for line in [
+            "user passwd alice",
+            "key add alice",
+            "key list alice",
+            "token add alice",
+            "token list alice --json",
+        ] {
+            assert_eq!(need(line), own, "{line}");
+        }
+        assert_eq!(need(&format!("key remove {key}")), own);
+        assert_eq!(need(&format!("token remove {}", token.id)), own);
+        for line in [
+            "pool create tank mirror a b",
+            "pool events -c tank",
+            "pool scrub tank",
+            "pool destroy tank",
+            "dataset create tank/a",
+            "dataset set quota=1G tank/a",
+            "snapshot tank@s",
+            "rollback tank@s",
+            "mount tank",
+            "debug label /dev/sda",
+            "param arc_max=1G",
+            "user list",
+            "user add bob",
+            "user set alice admin=on",
+            "user export f",
+            "group add staff",
+            "key list",
+            "key remove TKNOSUCHKEY",
+            "share add smb s tank/a",
+            "share remove s",
+        ] {
+            assert_eq!(need(line), Access::Admin, "{line}");
+        }
+    }
+}
