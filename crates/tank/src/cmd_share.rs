@@ -1,8 +1,10 @@
 //! `tank share`: add, list, set and remove the shares of the imported pools
-//! (`tank_service::shares`), kept with their datasets.
+//! (`tank_service::shares`), kept with their datasets. In the daemon every command goes
+//! through its one registry, which the protocol servers will watch for changes; a command
+//! without a daemon uses a registry of its own (no server runs to be told).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -55,6 +57,23 @@ pub struct NameArg {
     pub name: String,
 }
 
+/// The daemon's registry, made when it starts.
+static DAEMON_REGISTRY: OnceLock<Arc<Registry>> = OnceLock::new();
+
+/// The daemon's share registry (made at its start, for its protocol servers to watch).
+pub fn daemon_registry() -> Arc<Registry> {
+    DAEMON_REGISTRY
+        .get_or_init(|| Arc::new(Registry::new()))
+        .clone()
+}
+
+fn registry() -> Arc<Registry> {
+    match DAEMON_REGISTRY.get() {
+        Some(r) => r.clone(),
+        None => Arc::new(Registry::new()),
+    }
+}
+
 fn pairs(items: &[String]) -> Result<Vec<(String, String)>> {
     items
         .iter()
@@ -77,7 +96,7 @@ pub fn run(c: ShareCmd) -> Result<()> {
     }
     let pools: Vec<Arc<tank_dataset::Dsl>> = opened.iter().map(|o| o.dsl.clone()).collect();
     let accounts = crate::cmd_account::accounts().ok();
-    let registry = Registry::new();
+    let registry = registry();
     let result = (|| -> Result<()> {
         match c {
             ShareCmd::Add(a) => {

@@ -245,6 +245,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     mount_all();
     let accounts = crate::cmd_account::open_for_daemon()?;
+    crate::cmd_share::daemon_registry();
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     // Anyone on the host may connect; each request is authorized for the uid the kernel
