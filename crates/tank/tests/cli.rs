@@ -221,6 +221,38 @@ fn demo_runs_on_a_fresh_data_dir() {
     assert!(meta.blocks() * 512 < 256 << 20, "device file is not sparse");
 }
 
+/// The default pool is made all or nothing: a set-up that fails after the pool was created
+/// (here: the cache file cannot be written) removes the device files it made, so the next
+/// start begins afresh instead of finding half a pool.
+#[test]
+fn a_failed_default_setup_leaves_nothing_behind() {
+    let env = Env::new();
+    let data = env.path("data");
+    std::fs::create_dir_all(data.join("pools.json.tmp")).unwrap();
+    let err = env.fails(&["demo", "--size", "1M"], "");
+    assert!(err.contains("pools.json.tmp"), "{err}");
+    let devices = data.join("devices");
+    let left: Vec<_> = std::fs::read_dir(&devices)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "device files left behind: {left:?}");
+    std::fs::remove_dir(data.join("pools.json.tmp")).unwrap();
+    let out = env.ok(&["demo", "--size", "1M"]);
+    assert!(out.contains("created pool 'tank'"), "{out}");
+    let got = env.ok(&["dataset", "get", "-H", "mountpoint", "tank"]);
+    let fields: Vec<&str> = got.trim().split('\t').collect();
+    assert_eq!(
+        fields,
+        [
+            "tank",
+            "mountpoint",
+            &*data.join("mnt/tank").to_string_lossy(),
+            "local"
+        ],
+        "the default pool's root has its mountpoint from the start"
+    );
+}
+
 #[test]
 fn plan_recommends_and_refuses_nonsense() {
     let env = Env::new();
