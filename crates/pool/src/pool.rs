@@ -175,6 +175,8 @@ pub struct Pool {
     meta: Mutex<Meta>,
     syncer: Mutex<Option<Arc<dyn Syncer>>>,
     sync_thread: Mutex<Option<JoinHandle<()>>>,
+    /// The sync thread was joined by `close` (waiters for a txg then give up).
+    sync_stopped: AtomicBool,
     closed: AtomicBool,
     /// The devices changed since the last commit: the next sync commits even if nothing else
     /// is dirty (see `commit_device_change`).
@@ -573,6 +575,7 @@ impl Pool {
             meta: Mutex::new(Meta::default()),
             syncer: Mutex::new(None),
             sync_thread: Mutex::new(None),
+            sync_stopped: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             config_changed: AtomicBool::new(false),
             import_notes: notes,
@@ -2340,7 +2343,8 @@ impl Pool {
             if inner.synced >= txg || inner.idle_seq >= seq {
                 return Ok(());
             }
-            if inner.shutdown && self.sync_thread.lock().is_none() {
+            // Not the `sync_thread` lock here: `close` joins the thread, which needs `inner`.
+            if inner.shutdown && self.sync_stopped.load(Ordering::Acquire) {
                 return Err(self.suspended_error("pool is closed".into()));
             }
             self.txg.cv.wait_for(&mut inner, Duration::from_millis(200));
@@ -2362,9 +2366,15 @@ impl Pool {
         };
         self.txg.inner.lock().shutdown = true;
         self.txg.cv.notify_all();
-        if let Some(h) = self.sync_thread.lock().take() {
+        // Joined without holding the `sync_thread` lock: a waiter for a txg looks at the
+        // thread's state while it holds `inner`, which the syncing thread needs to finish
+        // (that order once deadlocked a FUSE session's last sync against a dropped pool).
+        let handle = self.sync_thread.lock().take();
+        if let Some(h) = handle {
             let _ = h.join();
         }
+        self.sync_stopped.store(true, Ordering::Release);
+        self.txg.cv.notify_all();
         synced
     }
 
