@@ -690,7 +690,7 @@ impl Used {
 }
 
 /// A dataset as listed: identity and every property's value and source.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DatasetInfo {
     pub id: u64,
     pub name: String,

@@ -162,7 +162,7 @@ impl WritePolicy {
 /// An object's header as stored at `(obj, HEADER, 0)` (40 bytes, LE): type u8, flags u8,
 /// 2 zero bytes, block_size u32, size u64, created_txg u64, modified_txg u64, data_bytes u64
 /// (meaningful when flag `HEADER_DATA_BYTES` is set; zero otherwise).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ObjectInfo {
     pub id: u64,
     pub obj_type: u8,

@@ -132,7 +132,7 @@ pub struct ScanState {
 }
 
 /// What `status` shows: the state plus the live figures.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ScanStatus {
     #[serde(flatten)]
     pub state: ScanState,

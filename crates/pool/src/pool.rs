@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tank_block::{
     BlockKind, BlockPtr, BlockStore, SpaceAllocator, SpaceOp, SpaceRecord, WriteProps, DEFER_TXGS,
 };
@@ -103,7 +103,7 @@ pub struct ImportOptions {
 }
 
 /// A pool found on devices, for `pool import` without a name.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImportCandidate {
     pub name: String,
     pub guid: u64,
@@ -116,7 +116,7 @@ pub struct ImportCandidate {
     pub vdevs: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VdevStatus {
     pub name: String,
     pub state: String,
@@ -125,12 +125,13 @@ pub struct VdevStatus {
     pub cksum_errors: u64,
     pub note: Option<String>,
     pub children: Vec<VdevStatus>,
-    #[serde(skip)]
+    /// I/O counters (leaves; zero on interior vdevs), for iostat.
+    #[serde(default)]
     pub stats: LeafStatsSnapshot,
     pub path: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolSpace {
     pub size: u64,
     pub allocated: u64,
@@ -140,7 +141,7 @@ pub struct PoolSpace {
     pub usable: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolStatus {
     pub name: String,
     pub guid: u64,

@@ -2,7 +2,12 @@
 //! and every protocol front end stand (docs/ARCHITECTURE.md, "service").
 //!
 //! # Theory of operation
-//! This crate is being built up in steps. It holds today:
+//! [`Service`] (`service.rs`) owns the running state: the open pools (`pools.rs`), the
+//! mount table and its policy (`mounts.rs`), the share registry, the account store and the
+//! jobs (`jobs.rs`). Its one entry point, [`Service::handle`], takes the caller and a typed
+//! request of the versioned API (`api.rs`), authorizes it and runs it (`ops_*.rs`); the CLI
+//! (over the daemon's socket or in-process) and every later front end call it the same way.
+//! Beside it:
 //! - [`accounts`]: local users and groups (with the uid and gid numbers the filesystems
 //!   store), argon2id password hashes, S3 access keys and API tokens, in one crash-safe store
 //!   in the data directory;
@@ -15,14 +20,27 @@
 //!   codes.
 //!
 //! # Architecture invariant
-//! No process globals: a daemon or a command holds an [`accounts::Accounts`] and passes it
-//! (and the [`caller::Caller`]) to what needs them. Nothing here knows HTTP, FUSE, XDR or SCSI.
+//! No process globals: a daemon or a command holds a [`Service`] and passes it (and the
+//! [`caller::Caller`]) to what needs them. Nothing here knows HTTP, FUSE, XDR or SCSI: the
+//! FUSE front end is given to the service as a [`mounts::Mounter`].
 
 pub mod accounts;
+pub mod api;
 pub mod caller;
 pub mod error;
+pub mod jobs;
+pub mod mounts;
+mod ops_account;
+mod ops_dataset;
+mod ops_engine;
+mod ops_pool;
+pub mod pools;
+pub mod service;
 pub mod shares;
 
 pub use accounts::{AccessKey, Accounts, Export, Group, NewUser, Token, User};
+pub use api::{Envelope, Reply, Request, Response, API_VERSION};
 pub use caller::{authorize, Access, Caller};
 pub use error::ServiceError;
+pub use ops_engine::{params, set_param};
+pub use service::{Mode, Service};

@@ -26,7 +26,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tank_dataset::{DatasetKind, Dsl, Op, Share};
 
 use crate::accounts::Accounts;
@@ -37,7 +37,7 @@ type Res<T> = Result<T, ServiceError>;
 pub const PROTOCOLS: [&str; 4] = ["smb", "nfs", "s3", "iscsi"];
 
 /// A share as listed: where it lives and what it is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareInfo {
     pub protocol: String,
     pub name: String,

@@ -58,9 +58,9 @@ use tank_device::DeviceRef;
 use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
 
+use crate::bench_mounts::{mount_dataset, unmount_pool};
 use crate::datadir::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
-use crate::mounts::{mount_dataset, unmount_pool};
-use crate::pools::{open_datasets, open_device};
+use tank_service::pools::{open_datasets, open_device};
 
 #[derive(Args)]
 pub struct BenchArgs {

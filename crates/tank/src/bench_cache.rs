@@ -231,7 +231,7 @@ fn rss_run(p: &Params) -> Result<(u64, u64, u64, u64)> {
     let mut toks = vec!["raidz2".to_string()];
     for i in 0..build.count {
         let path = dir.join(format!("d{i}"));
-        let d = crate::pools::open_device(&path.to_string_lossy(), Some(dev), true)?;
+        let d = tank_service::pools::open_device(&path.to_string_lossy(), Some(dev), true)?;
         devices.insert(path.to_string_lossy().into_owned(), d);
         toks.push(path.to_string_lossy().into_owned());
     }

@@ -30,7 +30,7 @@ use tank_object::{ObjectStore, ScanPhase, ROOT_OBJSET};
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
 
 use crate::datadir::parse_size;
-use crate::pools::open_device;
+use tank_service::pools::open_device;
 
 #[derive(Args)]
 pub struct ScrubBenchArgs {

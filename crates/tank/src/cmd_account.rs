@@ -2,22 +2,20 @@
 //! (`tank_service::accounts`), kept in `DATA_DIR/accounts.redb`.
 //!
 //! # Theory of operation
-//! With a daemon running, these commands go to it (it holds the store open) and are
-//! authorized there for the caller the socket names (SO_PEERCRED, `daemon.rs`); without one,
-//! the command opens the store itself, which only its owner (the file is mode 0600) can.
-//! A password comes from standard input (one line) or `--password-file`, read by the client
-//! and sent beside the command, never on a command line.
+//! Each command is a typed request to the service (`client.rs`). With a daemon running it
+//! holds the store open and authorizes each request for the caller the socket names
+//! (SO_PEERCRED); without one, the command's own service opens the store, which only its
+//! owner (the file is mode 0600) can. A password comes from standard input (one line) or
+//! `--password-file`, read here and sent in the request, never on a command line.
 
-use std::cell::RefCell;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets, Table};
-use tank_service::{Accounts, NewUser};
+use tank_service::api::{Request, Response};
 
-use crate::datadir::data_dir;
+use crate::client::{call, unexpected};
 
 #[derive(Subcommand)]
 pub enum UserCmd {
@@ -149,83 +147,14 @@ pub struct KeyArg {
     pub id: String,
 }
 
-/// The daemon's store, open for its life.
-static DAEMON_ACCOUNTS: OnceLock<Arc<Accounts>> = OnceLock::new();
-
-thread_local! {
-    /// A secret (password) the client sent beside its command, for the daemon's thread
-    /// running it.
-    static SECRET: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-pub fn accounts_path() -> PathBuf {
-    data_dir().join("accounts.redb")
-}
-
-/// Opens the daemon's store at start (creating it).
-pub fn open_for_daemon() -> Result<Arc<Accounts>> {
-    let accounts = Arc::new(Accounts::open(&accounts_path()).with_context(|| {
-        format!(
-            "cannot open the account store {}",
-            accounts_path().display()
-        )
-    })?);
-    let _ = DAEMON_ACCOUNTS.set(accounts.clone());
-    Ok(accounts)
-}
-
-/// The store: the daemon's, or opened for this command.
-pub fn accounts() -> Result<Arc<Accounts>> {
-    if let Some(a) = DAEMON_ACCOUNTS.get() {
-        return Ok(a.clone());
-    }
-    std::fs::create_dir_all(data_dir()).ok();
-    Ok(Arc::new(Accounts::open(&accounts_path()).with_context(
-        || {
-            format!(
-                "cannot open the account store {}",
-                accounts_path().display()
-            )
-        },
-    )?))
-}
-
-/// Runs `f` with the secret a client sent (daemon side).
-pub fn with_secret<R>(secret: Option<String>, f: impl FnOnce() -> R) -> R {
-    SECRET.with(|s| *s.borrow_mut() = secret);
-    let r = f();
-    SECRET.with(|s| *s.borrow_mut() = None);
-    r
-}
-
-/// Whether a command line (without the program name) carries a password, and from where;
-/// the client reads it before sending the command to the daemon.
-pub fn secret_source(argv: &[String]) -> Option<Option<PathBuf>> {
-    let wants = matches!(
-        argv.iter().map(String::as_str).take(2).collect::<Vec<_>>()[..],
-        ["user", "add"] | ["user", "passwd"]
-    );
-    if !wants {
-        return None;
-    }
-    let file = argv
-        .iter()
-        .position(|a| a == "--password-file")
-        .and_then(|i| argv.get(i + 1))
-        .map(PathBuf::from)
-        .or_else(|| {
-            argv.iter()
-                .find_map(|a| a.strip_prefix("--password-file="))
-                .map(PathBuf::from)
-        });
-    Some(file)
-}
-
 /// Reads a password: the first line of `file`, or of standard input.
 pub fn read_secret(file: Option<&std::path::Path>) -> Result<String> {
     let raw = match file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("cannot read the password file {}", f.display()))?,
+        Some(f) => {
+            let f = crate::out::resolve(f);
+            std::fs::read_to_string(&f)
+                .with_context(|| format!("cannot read the password file {}", f.display()))?
+        }
         None => {
             let mut line = String::new();
             std::io::stdin()
@@ -241,13 +170,6 @@ pub fn read_secret(file: Option<&std::path::Path>) -> Result<String> {
     Ok(pw)
 }
 
-fn password(file: Option<&std::path::Path>) -> Result<String> {
-    if let Some(s) = SECRET.with(|s| s.borrow().clone()) {
-        return Ok(s);
-    }
-    read_secret(file)
-}
-
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_style(presets::NOTHING);
@@ -255,18 +177,39 @@ fn table(header: &[&str]) -> Table {
     t
 }
 
+fn pairs(items: &[String]) -> Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|s| match s.split_once('=') {
+            Some((k, v)) => Ok((k.to_string(), v.to_string())),
+            None => bail!("expected KEY=VALUE, got '{s}'"),
+        })
+        .collect()
+}
+
+/// Sends a change and prints what it answers.
+fn done(req: Request) -> Result<()> {
+    match call(req)? {
+        Response::Done { message } => outln!("{message}"),
+        r => return Err(unexpected(r)),
+    }
+    Ok(())
+}
+
 pub fn run_user(c: UserCmd) -> Result<()> {
-    let a = accounts()?;
     match c {
         UserCmd::Add(x) => {
-            let pw = password(x.password_file.as_deref())?;
-            let u = a.add_user(NewUser {
+            let password = read_secret(x.password_file.as_deref())?;
+            let u = match call(Request::UserAdd {
                 name: x.name,
                 uid: x.uid,
                 groups: x.groups,
                 admin: x.admin,
-                password: Some(pw),
-            })?;
+                password: Some(password),
+            })? {
+                Response::User(u) => u,
+                r => return Err(unexpected(r)),
+            };
             outln!(
                 "added user '{}' (uid {}, gid {}{})",
                 u.name,
@@ -276,68 +219,50 @@ pub fn run_user(c: UserCmd) -> Result<()> {
             );
         }
         UserCmd::Passwd(x) => {
-            let pw = password(x.password_file.as_deref())?;
-            a.set_password(&x.name, &pw)?;
-            outln!("password of '{}' changed", x.name);
+            let password = read_secret(x.password_file.as_deref())?;
+            done(Request::UserPasswd {
+                name: x.name,
+                password,
+            })?;
         }
         UserCmd::Set(x) => {
-            for s in &x.settings {
-                let Some((k, v)) = s.split_once('=') else {
-                    bail!("expected KEY=VALUE, got '{s}'");
-                };
-                a.set_user(&x.name, k, v)?;
-            }
-            outln!("user '{}' updated", x.name);
+            let settings = pairs(&x.settings)?;
+            let name = x.name.clone();
+            call(Request::UserSet {
+                name: x.name,
+                settings,
+            })?;
+            outln!("user '{name}' updated");
         }
         UserCmd::List(l) => {
-            let users = a.users()?;
-            let groups = a.groups()?;
+            let users = match call(Request::UserList)? {
+                Response::Users(u) => u,
+                r => return Err(unexpected(r)),
+            };
             if l.json {
-                let v: Vec<serde_json::Value> = users
-                    .iter()
-                    .map(|u| {
-                        let member: Vec<&str> = groups
-                            .iter()
-                            .filter(|g| g.members.contains(&u.name))
-                            .map(|g| g.name.as_str())
-                            .collect();
-                        serde_json::json!({
-                            "name": u.name, "uid": u.uid, "gid": u.gid, "admin": u.admin,
-                            "password": u.has_password(), "groups": member, "created": u.created,
-                        })
-                    })
-                    .collect();
-                outln!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&users)?);
             } else {
                 let mut t = table(&["NAME", "UID", "GID", "ROLE", "GROUPS"]);
                 for u in &users {
-                    let member: Vec<&str> = groups
-                        .iter()
-                        .filter(|g| g.members.contains(&u.name))
-                        .map(|g| g.name.as_str())
-                        .collect();
                     t.add_row(vec![
                         u.name.clone(),
                         u.uid.to_string(),
                         u.gid.to_string(),
                         if u.admin { "admin" } else { "user" }.into(),
-                        member.join(","),
+                        u.groups.join(","),
                     ]);
                 }
                 outln!("{t}");
             }
         }
-        UserCmd::Remove(n) => {
-            a.remove_user(&n.name)?;
-            outln!(
-                "removed user '{}' (its keys and tokens are revoked)",
-                n.name
-            );
-        }
+        UserCmd::Remove(n) => done(Request::UserRemove { name: n.name })?,
         UserCmd::Export(f) => {
             let file = crate::out::resolve(&f.file);
-            let data = serde_json::to_vec_pretty(&a.export()?)?;
-            write_private(&file, &data)?;
+            let data = match call(Request::AccountsExport)? {
+                Response::Accounts(a) => a,
+                r => return Err(unexpected(r)),
+            };
+            write_private(&file, &serde_json::to_vec_pretty(&data)?)?;
             outln!("accounts written to {}", file.display());
         }
         UserCmd::Import(f) => {
@@ -346,15 +271,12 @@ pub fn run_user(c: UserCmd) -> Result<()> {
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let data: tank_service::Export = serde_json::from_slice(&raw)
                 .with_context(|| format!("{} is not an account export", file.display()))?;
-            a.import(&data)?;
-            outln!(
-                "accounts replaced from {}: {} users, {} groups, {} keys, {} tokens",
-                file.display(),
-                data.users.len(),
-                data.groups.len(),
-                data.keys.len(),
-                data.tokens.len()
-            );
+            match call(Request::AccountsImport { data })? {
+                Response::Done { message } => {
+                    outln!("accounts replaced from {}: {message}", file.display())
+                }
+                r => return Err(unexpected(r)),
+            }
         }
     }
     Ok(())
@@ -376,14 +298,21 @@ fn write_private(path: &std::path::Path, data: &[u8]) -> Result<()> {
 }
 
 pub fn run_group(c: GroupCmd) -> Result<()> {
-    let a = accounts()?;
     match c {
-        GroupCmd::Add(x) => {
-            let g = a.add_group(&x.name, x.gid)?;
-            outln!("added group '{}' (gid {})", g.name, g.gid);
-        }
+        GroupCmd::Add(x) => match call(Request::GroupAdd {
+            name: x.name,
+            gid: x.gid,
+        })? {
+            Response::Groups(g) if g.len() == 1 => {
+                outln!("added group '{}' (gid {})", g[0].name, g[0].gid)
+            }
+            r => return Err(unexpected(r)),
+        },
         GroupCmd::List(l) => {
-            let groups = a.groups()?;
+            let groups = match call(Request::GroupList)? {
+                Response::Groups(g) => g,
+                r => return Err(unexpected(r)),
+            };
             if l.json {
                 outln!("{}", serde_json::to_string_pretty(&groups)?);
             } else {
@@ -394,42 +323,37 @@ pub fn run_group(c: GroupCmd) -> Result<()> {
                 outln!("{t}");
             }
         }
-        GroupCmd::Remove(n) => {
-            a.remove_group(&n.name)?;
-            outln!("removed group '{}'", n.name);
-        }
-        GroupCmd::Member(MemberCmd::Add(m)) => {
-            a.set_member(&m.group, &m.user, true)?;
-            outln!("'{}' is a member of '{}'", m.user, m.group);
-        }
-        GroupCmd::Member(MemberCmd::Remove(m)) => {
-            a.set_member(&m.group, &m.user, false)?;
-            outln!("'{}' is no longer a member of '{}'", m.user, m.group);
-        }
+        GroupCmd::Remove(n) => done(Request::GroupRemove { name: n.name })?,
+        GroupCmd::Member(MemberCmd::Add(m)) => done(Request::GroupMember {
+            group: m.group,
+            user: m.user,
+            add: true,
+        })?,
+        GroupCmd::Member(MemberCmd::Remove(m)) => done(Request::GroupMember {
+            group: m.group,
+            user: m.user,
+            add: false,
+        })?,
     }
     Ok(())
 }
 
 pub fn run_key(c: KeyCmd) -> Result<()> {
-    let a = accounts()?;
     match c {
-        KeyCmd::Add(n) => {
-            let k = a.add_key(&n.name)?;
-            outln!("access_key: {}", k.access_key);
-            outln!("secret_key: {}", k.secret_key);
-        }
+        KeyCmd::Add(n) => match call(Request::KeyAdd { user: n.name })? {
+            Response::Key(k) => {
+                outln!("access_key: {}", k.access_key);
+                outln!("secret_key: {}", k.secret_key);
+            }
+            r => return Err(unexpected(r)),
+        },
         KeyCmd::List(l) => {
-            let keys = a.keys(l.user.as_deref())?;
+            let keys = match call(Request::KeyList { user: l.user })? {
+                Response::Keys(k) => k,
+                r => return Err(unexpected(r)),
+            };
             if l.json {
-                let v: Vec<serde_json::Value> = keys
-                    .iter()
-                    .map(|k| {
-                        serde_json::json!({
-                            "access_key": k.access_key, "user": k.user, "created": k.created
-                        })
-                    })
-                    .collect();
-                outln!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&keys)?);
             } else {
                 let mut t = table(&["ACCESS KEY", "USER", "CREATED"]);
                 for k in &keys {
@@ -442,29 +366,24 @@ pub fn run_key(c: KeyCmd) -> Result<()> {
                 outln!("{t}");
             }
         }
-        KeyCmd::Remove(k) => {
-            let key = a.remove_key(&k.id)?;
-            outln!("access key {} of '{}' revoked", key.access_key, key.user);
-        }
+        KeyCmd::Remove(k) => done(Request::KeyRemove { access_key: k.id })?,
     }
     Ok(())
 }
 
 pub fn run_token(c: TokenCmd) -> Result<()> {
-    let a = accounts()?;
     match c {
-        TokenCmd::Add(n) => {
-            let (_, token) = a.add_token(&n.name)?;
-            outln!("token: {token}");
-        }
+        TokenCmd::Add(n) => match call(Request::TokenAdd { user: n.name })? {
+            Response::Token(t) => outln!("token: {}", t.token),
+            r => return Err(unexpected(r)),
+        },
         TokenCmd::List(l) => {
-            let tokens = a.tokens(l.user.as_deref())?;
+            let tokens = match call(Request::TokenList { user: l.user })? {
+                Response::Tokens(t) => t,
+                r => return Err(unexpected(r)),
+            };
             if l.json {
-                let v: Vec<serde_json::Value> = tokens
-                    .iter()
-                    .map(|t| serde_json::json!({"id": t.id, "user": t.user, "created": t.created}))
-                    .collect();
-                outln!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&tokens)?);
             } else {
                 let mut t = table(&["ID", "USER", "CREATED"]);
                 for k in &tokens {
@@ -477,122 +396,7 @@ pub fn run_token(c: TokenCmd) -> Result<()> {
                 outln!("{t}");
             }
         }
-        TokenCmd::Remove(k) => {
-            let t = a.remove_token(&k.id)?;
-            outln!("token {} of '{}' revoked", t.id, t.user);
-        }
+        TokenCmd::Remove(k) => done(Request::TokenRemove { id: k.id })?,
     }
     Ok(())
-}
-
-/// What a command line (without the program name) needs of its caller, for the daemon's
-/// check (`tank_service::authorize`): reading the state is open to every user; a user's own
-/// password, keys and tokens to that user; everything else to administrators.
-pub fn access_of(argv: &[String], accounts: &Accounts) -> tank_service::Access {
-    use tank_service::Access;
-    let words: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let flags_only = |rest: &[&str]| rest.iter().all(|w| w.starts_with('-'));
-    let owner_of_key = |id: &str| {
-        accounts
-            .key(id)
-            .ok()
-            .flatten()
-            .map(|k| k.user)
-            .or_else(|| accounts.token(id).ok().flatten().map(|t| t.user))
-    };
-    match words.as_slice() {
-        ["user", "passwd", name, ..] | ["key", "add", name] | ["token", "add", name] => {
-            Access::Account(name.to_string())
-        }
-        ["key" | "token", "list", name, ..] if !name.starts_with('-') => {
-            Access::Account(name.to_string())
-        }
-        ["key" | "token", "remove", id] => match owner_of_key(id) {
-            Some(owner) => Access::Account(owner),
-            None => Access::Admin,
-        },
-        ["pool", "list" | "status" | "iostat" | "history" | "get", ..]
-        | ["dataset", "list" | "get", ..]
-        | ["share", "list", ..]
-        | ["arcstat", ..] => Access::Read,
-        ["pool", "events", rest @ ..] if !rest.iter().any(|w| *w == "-c" || *w == "--clear") => {
-            Access::Read
-        }
-        ["param", rest @ ..] if flags_only(rest) => Access::Read,
-        _ => Access::Admin,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tank_service::Access;
-
-    #[test]
-    fn each_command_line_needs_its_access() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = Accounts::open(&dir.path().join("a.redb")).unwrap();
-        a.add_user(NewUser {
-            name: "alice".into(),
-            ..NewUser::default()
-        })
-        .unwrap();
-        let key = a.add_key("alice").unwrap().access_key;
-        let (token, _) = a.add_token("alice").unwrap();
-        let need = |line: &str| {
-            let argv: Vec<String> = line.split_whitespace().map(String::from).collect();
-            access_of(&argv, &a)
-        };
-        let own = Access::Account("alice".into());
-        for line in [
-            "pool list",
-            "pool status -v tank",
-            "pool events tank",
-            "pool iostat -v tank 1 2",
-            "pool history tank",
-            "pool get all tank",
-            "dataset list -r",
-            "dataset get all tank/a",
-            "share list --json",
-            "arcstat",
-            "param",
-        ] {
-            assert_eq!(need(line), Access::Read, "{line}");
-        }
-        for line in [
-            "user passwd alice",
-            "key add alice",
-            "key list alice",
-            "token add alice",
-            "token list alice --json",
-        ] {
-            assert_eq!(need(line), own, "{line}");
-        }
-        assert_eq!(need(&format!("key remove {key}")), own);
-        assert_eq!(need(&format!("token remove {}", token.id)), own);
-        for line in [
-            "pool create tank mirror a b",
-            "pool events -c tank",
-            "pool scrub tank",
-            "pool destroy tank",
-            "dataset create tank/a",
-            "dataset set quota=1G tank/a",
-            "snapshot tank@s",
-            "rollback tank@s",
-            "mount tank",
-            "debug label /dev/sda",
-            "param arc_max=1G",
-            "user list",
-            "user add bob",
-            "user set alice admin=on",
-            "user export f",
-            "group add staff",
-            "key list",
-            "key remove TKNOSUCHKEY",
-            "share add smb s tank/a",
-            "share remove s",
-        ] {
-            assert_eq!(need(line), Access::Admin, "{line}");
-        }
-    }
 }

@@ -1,8 +1,8 @@
 //! `tank arcstat` and `tank param`: the caches' figures and the tunables.
 //!
 //! # Theory of operation
-//! The ARC is the process's (the daemon's when one runs: both commands are forwarded to it),
-//! the L2ARC each pool's. `arcstat` prints a summary (as arc_summary does), `--json` the
+//! The ARC is the process's (the daemon's when one runs: both commands are requests to the
+//! service), the L2ARC each pool's. `arcstat` prints a summary (as arc_summary does), `--json` the
 //! raw counters, and with an interval one line per period of rates (as arcstat does): the
 //! client asks for the counters each period and prints the differences.
 //!
@@ -11,17 +11,14 @@
 //! hold for the running process; every tank process takes `arc_max` from `TANK_ARC_MAX` at
 //! start (`apply_env`).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use serde::{Deserialize, Serialize};
-use tank_object::arc;
-use tank_object::l2arc::{self, L2Stats};
+use tank_service::api::{CacheReport, Request, Response};
 
-use crate::datadir::{human, parse_size};
-use crate::pools::daemon_pools;
+use crate::client::{unexpected, with_client, Client};
+use crate::datadir::human;
 
 #[derive(Args)]
 pub struct ArcstatArgs {
@@ -49,35 +46,10 @@ pub struct ParamArgs {
     json: bool,
 }
 
-/// What `arcstat --json` prints.
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
-pub struct CacheReport {
-    pub arc: ArcStatsJson,
-    /// Per pool, its L2ARC.
-    pub l2arc: Vec<(String, L2StatsJson)>,
-}
-
-// Serialized copies (the stats types are Serialize only).
-pub type ArcStatsJson = serde_json::Map<String, serde_json::Value>;
-pub type L2StatsJson = serde_json::Map<String, serde_json::Value>;
-
-fn to_map<T: Serialize>(v: &T) -> serde_json::Map<String, serde_json::Value> {
-    match serde_json::to_value(v) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => Default::default(),
-    }
-}
-
-fn report() -> CacheReport {
-    let arc = arc::global().stats();
-    let mut pools: Vec<(String, L2Stats)> = daemon_pools()
-        .into_iter()
-        .map(|o| (o.pool.name(), o.store.cache().l2().stats()))
-        .collect();
-    pools.sort_by(|a, b| a.0.cmp(&b.0));
-    CacheReport {
-        arc: to_map(&arc),
-        l2arc: pools.iter().map(|(n, s)| (n.clone(), to_map(s))).collect(),
+fn report(c: &Client) -> Result<CacheReport> {
+    match c.call(Request::CacheStats)? {
+        Response::CacheStats(r) => Ok(*r),
+        r => Err(unexpected(r)),
     }
 }
 
@@ -94,10 +66,10 @@ fn pct(a: u64, total: u64) -> String {
 }
 
 pub fn run_arcstat(a: ArcstatArgs) -> Result<()> {
-    if a.interval.is_some() {
-        bail!("arcstat with an interval runs in the client (internal error)");
+    if a.follows() {
+        return follow_arcstat(&a);
     }
-    let r = report();
+    let r = with_client(report)?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -204,19 +176,16 @@ fn print_summary(r: &CacheReport) {
 
 /// `arcstat INTERVAL [COUNT]`: runs in the client, asking the daemon (or this process) for
 /// the counters each period.
-pub fn follow_arcstat(a: &ArcstatArgs) -> Result<()> {
+fn follow_arcstat(a: &ArcstatArgs) -> Result<()> {
     let interval = a.interval.unwrap_or(1.0);
     if !(interval.is_finite() && interval >= 0.1) {
         bail!("invalid interval '{interval}': at least 0.1 seconds");
     }
-    let fetch = || -> Result<CacheReport> {
-        let argv = vec!["arcstat".to_string(), "--json".into()];
-        match crate::daemon::forward(&argv, None)? {
-            Some(reply) if reply.code == 0 => Ok(serde_json::from_str(reply.stdout.trim())?),
-            Some(reply) => bail!("{}", reply.stderr.trim()),
-            None => Ok(report()),
-        }
-    };
+    with_client(|c| follow(c, a, interval))
+}
+
+fn follow(c: &Client, a: &ArcstatArgs, interval: f64) -> Result<()> {
+    let fetch = || report(c);
     println!(
         "{:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8} {:>6} {:>9}",
         "time",
@@ -283,115 +252,52 @@ fn chrono_like_time() -> String {
 /// Sets `arc_max` from `TANK_ARC_MAX` (a size such as 4G), when set.
 pub fn apply_env() -> Result<()> {
     if let Ok(v) = std::env::var("TANK_ARC_MAX") {
-        set_param("arc_max", &v)
-            .map_err(|e| anyhow::anyhow!("TANK_ARC_MAX: {}", crate::out::chain(&e)))?;
-    }
-    Ok(())
-}
-
-/// The tunables: (name, value as shown, what it is).
-fn params() -> Vec<(&'static str, String, &'static str)> {
-    let t = l2arc::tunables();
-    vec![
-        (
-            "arc_max",
-            arc::global().max().to_string(),
-            "bytes the ARC may hold, headers included",
-        ),
-        (
-            "l2arc_write_max",
-            t.write_max.load(Ordering::Relaxed).to_string(),
-            "bytes written to each cache device per feed round",
-        ),
-        (
-            "l2arc_write_boost",
-            t.write_boost.load(Ordering::Relaxed).to_string(),
-            "extra bytes per round until the ARC first evicts",
-        ),
-        (
-            "l2arc_noprefetch",
-            u8::from(t.noprefetch.load(Ordering::Relaxed)).to_string(),
-            "1: blocks read ahead and not yet used are not cached on L2ARC",
-        ),
-        (
-            "l2arc_feed_secs",
-            t.feed_secs.load(Ordering::Relaxed).to_string(),
-            "seconds between feed rounds",
-        ),
-    ]
-}
-
-fn set_param(name: &str, value: &str) -> Result<()> {
-    let t = l2arc::tunables();
-    let size = || {
-        parse_size(value).map_err(|e| anyhow::anyhow!("invalid value '{value}' for {name}: {e}"))
-    };
-    match name {
-        "arc_max" => arc::global()
-            .set_max(size()?)
-            .map_err(|e| anyhow::anyhow!("cannot set arc_max: {e}"))?,
-        "l2arc_write_max" | "l2arc_write_boost" => {
-            let v = size()?;
-            if name == "l2arc_write_max" && v < 64 << 10 {
-                bail!("invalid value '{value}' for {name}: at least 64K");
-            }
-            if v > 1 << 30 {
-                bail!("invalid value '{value}' for {name}: at most 1G per round");
-            }
-            let slot = if name == "l2arc_write_max" {
-                &t.write_max
-            } else {
-                &t.write_boost
-            };
-            slot.store(v, Ordering::Relaxed);
-        }
-        "l2arc_noprefetch" => match value {
-            "0" | "1" => t.noprefetch.store(value == "1", Ordering::Relaxed),
-            _ => bail!("invalid value '{value}' for {name}: 0 or 1"),
-        },
-        "l2arc_feed_secs" => match value.parse::<u64>() {
-            Ok(v @ 1..=60) => t.feed_secs.store(v, Ordering::Relaxed),
-            _ => bail!("invalid value '{value}' for {name}: 1 to 60 seconds"),
-        },
-        _ => bail!(
-            "unknown parameter '{name}' (known: {})",
-            params().iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
-        ),
+        tank_service::set_param("arc_max", &v).map_err(|e| anyhow::anyhow!("TANK_ARC_MAX: {e}"))?;
     }
     Ok(())
 }
 
 pub fn run_param(a: ParamArgs) -> Result<()> {
-    let mut show: Vec<String> = Vec::new();
-    for s in &a.assignments {
-        match s.split_once('=') {
-            Some((n, v)) => set_param(n, v)?,
-            None => show.push(s.clone()),
+    with_client(|c| {
+        let mut show: Vec<String> = Vec::new();
+        for s in &a.assignments {
+            match s.split_once('=') {
+                Some((n, v)) => {
+                    c.call(Request::ParamSet {
+                        name: n.into(),
+                        value: v.into(),
+                    })?;
+                }
+                None => show.push(s.clone()),
+            }
         }
-    }
-    let all = params();
-    for n in &show {
-        if !all.iter().any(|p| p.0 == n) {
-            bail!("unknown parameter '{n}'");
+        let all = match c.call(Request::ParamList)? {
+            Response::Params(p) => p,
+            r => return Err(unexpected(r)),
+        };
+        for n in &show {
+            if !all.iter().any(|p| &p.name == n) {
+                bail!("unknown parameter '{n}'");
+            }
         }
-    }
-    if !a.assignments.is_empty() && show.is_empty() {
-        return Ok(());
-    }
-    let rows: Vec<_> = all
-        .into_iter()
-        .filter(|p| show.is_empty() || show.iter().any(|n| n == p.0))
-        .collect();
-    if a.json {
-        let m: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(n, v, _)| (n.to_string(), serde_json::Value::String(v.clone())))
+        if !a.assignments.is_empty() && show.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<_> = all
+            .into_iter()
+            .filter(|p| show.is_empty() || show.contains(&p.name))
             .collect();
-        outln!("{}", serde_json::to_string_pretty(&m)?);
-        return Ok(());
-    }
-    for (n, v, what) in rows {
-        outln!("{n:<20} {v:>14}   {what}");
-    }
-    Ok(())
+        if a.json {
+            let m: serde_json::Map<String, serde_json::Value> = rows
+                .iter()
+                .map(|p| (p.name.clone(), serde_json::Value::String(p.value.clone())))
+                .collect();
+            outln!("{}", serde_json::to_string_pretty(&m)?);
+            return Ok(());
+        }
+        for p in rows {
+            outln!("{:<20} {:>14}   {}", p.name, p.value, p.meaning);
+        }
+        Ok(())
+    })
 }

@@ -2,19 +2,20 @@
 //! over the dataset directory.
 //!
 //! # Theory of operation
-//! Each command opens the pool named by the dataset's first component (through the daemon's
-//! registry when it runs, else in this process), runs one dataset-directory task or query,
-//! prints the result the way zfs does (tables, `-H` for scripts, `-p` for exact numbers,
-//! `--json`), and closes the pool.
+//! Each command sends one typed request to the service (`client.rs`), which runs the
+//! dataset-directory task with its policy (unmount and remount around rollback and
+//! destroy), and prints the result the way zfs does (tables, `-H` for scripts, `-p` for
+//! exact numbers, `--json`). Listings get every dataset's properties with their sources;
+//! the columns are picked and formatted here.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets, Table};
 use tank_dataset::props::{self, PropType};
-use tank_dataset::{DatasetInfo, DatasetKind, Dsl, Op};
+use tank_dataset::{DatasetInfo, DatasetKind};
+use tank_service::api::{Request, Response};
 
-use crate::mounts::{remount, unmount_tree};
-use crate::pools::{open_pool, Opened};
+use crate::client::{call, unexpected, with_client, Client};
 
 #[derive(Subcommand)]
 pub enum DatasetCmd {
@@ -154,27 +155,6 @@ pub struct CloneArgs {
     target: String,
 }
 
-/// The pool a dataset name belongs to.
-pub fn pool_of(name: &str) -> &str {
-    name.split(['/', '@']).next().unwrap_or(name)
-}
-
-/// Runs `f` on the directory of the pool that `name` belongs to, logging the command to
-/// the pool history when it changes something.
-fn with_dsl<T>(name: &str, change: bool, f: impl FnOnce(&Dsl) -> Result<T>) -> Result<T> {
-    with_pool(name, change, |o| f(&o.dsl))
-}
-
-fn with_pool<T>(name: &str, change: bool, f: impl FnOnce(&Opened) -> Result<T>) -> Result<T> {
-    let opened = open_pool(pool_of(name))?;
-    let result = f(&opened);
-    if change && result.is_ok() {
-        opened.pool.log_history(&crate::command_line());
-    }
-    opened.close()?;
-    result
-}
-
 fn parse_props(list: &[String]) -> Result<Vec<(String, String)>> {
     list.iter()
         .map(|p| match p.split_once('=') {
@@ -187,49 +167,41 @@ fn parse_props(list: &[String]) -> Result<Vec<(String, String)>> {
 pub fn run(cmd: DatasetCmd) -> Result<()> {
     match cmd {
         DatasetCmd::Create(a) => create(a),
-        DatasetCmd::List(a) => list(a),
-        DatasetCmd::Get(a) => get(a),
+        DatasetCmd::List(a) => with_client(|c| list(c, a)),
+        DatasetCmd::Get(a) => with_client(|c| get(c, a)),
         DatasetCmd::Set(a) => set(a),
-        DatasetCmd::Inherit(a) => inherit(a),
-        DatasetCmd::Rename(a) => with_dsl(&a.from, true, |d| {
-            if pool_of(&a.to) != pool_of(&a.from) {
-                bail!(
-                    "cannot rename '{}' to '{}': datasets cannot move to another pool",
-                    a.from,
-                    a.to
-                );
+        DatasetCmd::Inherit(a) => with_client(|c| {
+            for name in &a.names {
+                c.call(Request::DatasetInherit {
+                    name: name.clone(),
+                    property: a.prop.clone(),
+                    recursive: a.recursive,
+                })?;
             }
-            d.run(Op::Rename {
-                from: a.from.clone(),
-                to: a.to.clone(),
+            Ok(())
+        }),
+        DatasetCmd::Rename(a) => {
+            call(Request::DatasetRename {
+                from: a.from,
+                to: a.to,
             })?;
             Ok(())
-        }),
-        DatasetCmd::Destroy(a) => with_pool(&a.name, true, |o| {
-            let d = &o.dsl;
-            let was = if a.name.contains('@') {
-                Vec::new()
-            } else {
-                unmount_tree(&a.name)?
-            };
-            let result = d.run(Op::Destroy {
-                name: a.name.clone(),
+        }
+        DatasetCmd::Destroy(a) => {
+            match call(Request::DatasetDestroy {
+                name: a.name,
                 recursive: a.recursive || a.dependents,
                 dependents: a.dependents,
-            });
-            let gone = match result {
-                Ok(g) => g,
-                Err(e) => {
-                    let back: Vec<_> = was.into_iter().map(|(n, d)| (n, Some(d))).collect();
-                    remount(&o.dsl, &o.store, &back);
-                    return Err(e.into());
+                force: false,
+            })? {
+                Response::Destroyed { count } if count > 1 => {
+                    outln!("destroyed {count} datasets and snapshots")
                 }
-            };
-            if gone.len() > 1 {
-                outln!("destroyed {} datasets and snapshots", gone.len());
+                Response::Destroyed { .. } => {}
+                r => return Err(unexpected(r)),
             }
             Ok(())
-        }),
+        }
     }
 }
 
@@ -251,72 +223,38 @@ fn create(a: CreateArgs) -> Result<()> {
         }
         DatasetKind::Filesystem
     };
-    with_pool(&a.name, true, |o| {
-        let created = o.dsl.run(Op::Create {
-            name: a.name.clone(),
-            kind,
-            props: props.clone(),
-            parents: a.parents,
-        })?;
-        let names: Vec<(String, Option<std::path::PathBuf>)> = created
-            .iter()
-            .map(|id| (o.dsl.name_of(*id), None))
-            .collect();
-        remount(&o.dsl, &o.store, &names);
-        Ok(())
-    })
+    call(Request::DatasetCreate {
+        name: a.name,
+        kind,
+        props,
+        parents: a.parents,
+    })?;
+    Ok(())
 }
 
 pub fn snapshot(a: SnapshotArgs) -> Result<()> {
-    let pool = pool_of(&a.names[0]).to_string();
-    if let Some(other) = a.names.iter().find(|n| pool_of(n) != pool) {
-        bail!("cannot snapshot '{other}': all snapshots of one command must be in one pool");
-    }
-    with_dsl(&pool, true, |d| {
-        d.run(Op::Snapshot {
-            names: a.names.clone(),
-            recursive: a.recursive,
-        })?;
-        Ok(())
-    })
+    call(Request::Snapshot {
+        names: a.names,
+        recursive: a.recursive,
+    })?;
+    Ok(())
 }
 
 pub fn rollback(a: RollbackArgs) -> Result<()> {
-    with_pool(&a.snapshot, true, |o| {
-        let dataset = a.snapshot.split('@').next().unwrap_or_default();
-        // As zfs: the filesystem is unmounted for the rollback and mounted again after.
-        let was: Vec<_> = unmount_tree(dataset)?
-            .into_iter()
-            .map(|(n, d)| (n, Some(d)))
-            .collect();
-        let result = o.dsl.run(Op::Rollback {
-            snapshot: a.snapshot.clone(),
-            destroy_later: a.recursive,
-        });
-        remount(&o.dsl, &o.store, &was);
-        result?;
-        Ok(())
-    })
+    call(Request::Rollback {
+        snapshot: a.snapshot,
+        destroy_later: a.recursive,
+    })?;
+    Ok(())
 }
 
 pub fn clone(a: CloneArgs) -> Result<()> {
-    let props = parse_props(&a.props)?;
-    if pool_of(&a.target) != pool_of(&a.snapshot) {
-        bail!(
-            "cannot clone '{}' to '{}': a clone stays in its snapshot's pool",
-            a.snapshot,
-            a.target
-        );
-    }
-    with_pool(&a.snapshot, true, |o| {
-        o.dsl.run(Op::Clone {
-            snapshot: a.snapshot.clone(),
-            target: a.target.clone(),
-            props: props.clone(),
-        })?;
-        remount(&o.dsl, &o.store, &[(a.target.clone(), None)]);
-        Ok(())
-    })
+    call(Request::Clone {
+        snapshot: a.snapshot,
+        target: a.target,
+        props: parse_props(&a.props)?,
+    })?;
+    Ok(())
 }
 
 fn set(a: SetArgs) -> Result<()> {
@@ -324,40 +262,10 @@ fn set(a: SetArgs) -> Result<()> {
     if name.contains('=') {
         bail!("usage: tank dataset set PROP=VALUE... DATASET (the dataset comes last)");
     }
-    let props = parse_props(assigns)?;
-    with_dsl(name, true, |d| {
-        d.run(Op::SetProps {
-            name: name.clone(),
-            props: props.into_iter().map(|(k, v)| (k, Some(v))).collect(),
-        })?;
-        Ok(())
-    })
-}
-
-fn inherit(a: InheritArgs) -> Result<()> {
-    for name in &a.names {
-        with_dsl(name, true, |d| {
-            let root = d.resolve(name)?;
-            let targets = if a.recursive {
-                d.subtree(root)
-            } else {
-                vec![root]
-            };
-            for id in targets {
-                let rec = d.record(id)?;
-                if rec.kind == DatasetKind::Snapshot
-                    || (id != root && !rec.props.contains_key(&a.prop))
-                {
-                    continue;
-                }
-                d.run(Op::SetProps {
-                    name: d.name_of(id),
-                    props: vec![(a.prop.clone(), None)],
-                })?;
-            }
-            Ok(())
-        })?;
-    }
+    call(Request::DatasetSet {
+        name: name.clone(),
+        props: parse_props(assigns)?,
+    })?;
     Ok(())
 }
 
@@ -379,23 +287,11 @@ fn wanted_types(spec: &str) -> Result<Vec<DatasetKind>> {
     Ok(out)
 }
 
-/// The datasets a listing covers: the named ones (and descendants with -r), or all.
-fn selected(d: &Dsl, names: &[String], recursive: bool) -> Result<Vec<DatasetInfo>> {
-    let ids: Vec<u64> = if names.is_empty() {
-        d.all_ids()
-    } else {
-        let mut ids = Vec::new();
-        for n in names {
-            let id = d.resolve(n)?;
-            if recursive {
-                ids.extend(d.subtree(id));
-            } else {
-                ids.push(id);
-            }
-        }
-        ids
-    };
-    ids.into_iter().map(|i| Ok(d.info(i)?)).collect()
+fn datasets(c: &Client, names: Vec<String>, recursive: bool) -> Result<Vec<DatasetInfo>> {
+    match c.call(Request::DatasetList { names, recursive })? {
+        Response::Datasets(d) => Ok(d),
+        r => Err(unexpected(r)),
+    }
 }
 
 fn shown(info: &DatasetInfo, prop: &str, exact: bool) -> String {
@@ -417,41 +313,20 @@ fn shown(info: &DatasetInfo, prop: &str, exact: bool) -> String {
     }
 }
 
-fn pools_for(names: &[String]) -> Result<Vec<String>> {
-    if names.is_empty() {
-        let cache = crate::datadir::PoolCache::load(&crate::datadir::data_dir())?;
-        return Ok(cache.pools.iter().map(|p| p.name.clone()).collect());
-    }
-    let mut pools: Vec<String> = names.iter().map(|n| pool_of(n).to_string()).collect();
-    pools.dedup();
-    Ok(pools)
-}
-
-fn list(a: ListArgs) -> Result<()> {
+fn list(c: &Client, a: ListArgs) -> Result<()> {
     let types = wanted_types(&a.types)?;
     let columns: Vec<String> = a.columns.split(',').map(String::from).collect();
-    for c in &columns {
-        if c != "name" && props::lookup(c).is_none() {
-            bail!("invalid property '{c}'");
+    for col in &columns {
+        if col != "name" && props::lookup(col).is_none() {
+            bail!("invalid property '{col}'");
         }
     }
-    let mut rows = Vec::new();
-    for pool in pools_for(&a.names)? {
-        let names: Vec<String> = a
-            .names
-            .iter()
-            .filter(|n| pool_of(n) == pool)
-            .cloned()
-            .collect();
-        // Without names, list everything (zfs list shows all datasets).
-        let recursive = a.recursive || names.is_empty();
-        let infos = with_dsl(&pool, false, |d| selected(d, &names, recursive))?;
-        rows.extend(
-            infos
-                .into_iter()
-                .filter(|i| types.contains(&i.kind) || (!names.is_empty() && !a.recursive)),
-        );
-    }
+    let named = !a.names.is_empty();
+    // Without names, list everything (zfs list shows all datasets).
+    let rows: Vec<DatasetInfo> = datasets(c, a.names, a.recursive || !named)?
+        .into_iter()
+        .filter(|i| types.contains(&i.kind) || (named && !a.recursive))
+        .collect();
     if a.json {
         let out: Vec<serde_json::Value> = rows
             .iter()
@@ -459,9 +334,9 @@ fn list(a: ListArgs) -> Result<()> {
                 let mut m = serde_json::Map::new();
                 m.insert("name".into(), i.name.clone().into());
                 m.insert("type".into(), i.kind.name().into());
-                for c in &columns {
-                    if c != "name" {
-                        m.insert(c.clone(), shown(i, c, true).into());
+                for col in &columns {
+                    if col != "name" {
+                        m.insert(col.clone(), shown(i, col, true).into());
                     }
                 }
                 serde_json::Value::Object(m)
@@ -496,7 +371,7 @@ fn print_rows(header: &[String], rows: Vec<Vec<String>>, scripted: bool) {
     outln!("{t}");
 }
 
-fn get(a: GetArgs) -> Result<()> {
+fn get(c: &Client, a: GetArgs) -> Result<()> {
     let wanted: Option<Vec<String>> = if a.props == "all" {
         None
     } else {
@@ -511,10 +386,7 @@ fn get(a: GetArgs) -> Result<()> {
     let mut rows = Vec::new();
     let mut json = Vec::new();
     for name in &a.names {
-        let infos = with_dsl(name, false, |d| {
-            selected(d, std::slice::from_ref(name), a.recursive)
-        })?;
-        for i in infos {
+        for i in datasets(c, vec![name.clone()], a.recursive)? {
             let props: Vec<&(String, String, String)> = match &wanted {
                 None => i.props.iter().collect(),
                 Some(w) => w

@@ -1,5 +1,7 @@
 //! `tank debug ...`: labels, uberblocks, block trees, and raw objects (zdb's role), so the
-//! engine can be exercised and inspected without datasets.
+//! engine can be exercised and inspected without datasets. Labels are read from the device
+//! file here (read-only, as zdb -l does); the rest are requests to the service that holds
+//! the pool.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -7,11 +9,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use tank_device::{BlockDevice, FileDevice, FileDeviceOptions};
-use tank_object::{ObjectSet, ROOT_OBJSET};
+use tank_object::ROOT_OBJSET;
 use tank_pool::label;
+use tank_service::api::{hex_decode, hex_encode, Request, Response};
 
+use crate::client::{call, unexpected, with_client};
 use crate::datadir::parse_size;
-use crate::pools::open_pool;
 
 #[derive(Subcommand)]
 pub enum DebugCmd {
@@ -162,78 +165,15 @@ fn dump_label(path: &Path, json: bool) -> Result<()> {
 }
 
 fn dump_tree(a: &TreeArgs) -> Result<()> {
-    let opened = open_pool(&a.pool)?;
-    let (root_bp, root) = opened.pool.root();
-    outln!("pool {} txg {}", a.pool, opened.pool.synced_txg());
-    if let Some(bp) = root_bp {
-        outln!("root block: {}", bp.describe());
+    match call(Request::DebugTree {
+        pool: a.pool.clone(),
+        objset: a.objset,
+        limit: a.limit,
+    })? {
+        Response::Text { text } => out!("{text}"),
+        r => return Err(unexpected(r)),
     }
-    if let Some(r) = root {
-        outln!("    history records: {}", r.history_count);
-        outln!("    space map log: {} block(s)", r.spacemap_chain);
-        for bp in opened.pool.spacemap_chain() {
-            outln!("        {}", bp.describe());
-        }
-        if let Some(bp) = r.objset_table {
-            outln!("    objset table: {}", bp.describe());
-        }
-    }
-    for (id, bp) in opened.pool.objsets() {
-        outln!(
-            "objset {id}: root {}",
-            bp.map(|b| b.describe()).unwrap_or_else(|| "empty".into())
-        );
-    }
-    let os = opened.store.objset(a.objset)?;
-    outln!("items of objset {} (first {}):", a.objset, a.limit);
-    for (k, desc) in os.dump(a.limit)? {
-        outln!(
-            "    obj {} kind {} off {}: {}",
-            k.obj,
-            k.kind,
-            k.offset,
-            desc
-        );
-    }
-    opened.close()
-}
-
-/// Bytes per transaction when streaming a file into an object.
-const WRITE_CHUNK: usize = 8 << 20;
-
-fn write_object(
-    os: &ObjectSet,
-    store: &tank_object::ObjectStore,
-    mut input: impl Read,
-    block_size: u32,
-) -> Result<(u64, u64)> {
-    let id = {
-        let tx = store.begin(0)?;
-        os.create_object(&tx, 1, block_size)?
-    };
-    let mut offset = 0u64;
-    let mut buf = vec![0u8; WRITE_CHUNK];
-    loop {
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = input.read(&mut buf[filled..])?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
-        if filled == 0 {
-            break;
-        }
-        let tx = store.begin(filled as u64)?;
-        os.write(&tx, id, offset, &buf[..filled])?;
-        drop(tx);
-        offset += filled as u64;
-        if filled < buf.len() {
-            break;
-        }
-    }
-    Ok((id, offset))
+    Ok(())
 }
 
 fn object(cmd: ObjectCmd) -> Result<()> {
@@ -248,69 +188,70 @@ fn object(cmd: ObjectCmd) -> Result<()> {
             if !(512..=(16 << 20)).contains(&bs) || !bs.is_power_of_two() {
                 bail!("invalid block size '{block_size}': a power of two from 512 to 16M");
             }
-            let opened = open_pool(&pool)?;
-            let os = opened.store.objset(objset)?;
-            let (id, len) = if file.as_os_str() == "-" {
-                write_object(&os, &opened.store, std::io::stdin().lock(), bs as u32)?
+            let mut data = Vec::new();
+            if file.as_os_str() == "-" {
+                std::io::stdin()
+                    .lock()
+                    .read_to_end(&mut data)
+                    .context("cannot read standard input")?;
             } else {
                 let file = crate::out::resolve(&file);
-                let f = std::fs::File::open(&file)
-                    .with_context(|| format!("cannot open {}", file.display()))?;
-                write_object(&os, &opened.store, std::io::BufReader::new(f), bs as u32)?
-            };
-            opened.pool.log_history(&crate::command_line());
-            opened.store.sync()?;
-            opened.close()?;
-            errln!("wrote {len} bytes as object {id} of objset {objset}");
-            outln!("{id}");
+                std::fs::File::open(&file)
+                    .and_then(|mut f| f.read_to_end(&mut data))
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+            }
+            match call(Request::DebugObjectWrite {
+                pool,
+                objset,
+                block_size: bs as u32,
+                data: hex_encode(&data),
+            })? {
+                Response::ObjectWritten { id, length } => {
+                    errln!("wrote {length} bytes as object {id} of objset {objset}");
+                    outln!("{id}");
+                }
+                r => return Err(unexpected(r)),
+            }
             Ok(())
         }
-        ObjectCmd::Read { pool, id, objset } => {
-            let opened = open_pool(&pool)?;
-            let os = opened.store.objset(objset)?;
-            let info = os.stat(id)?;
+        ObjectCmd::Read { pool, id, objset } => with_client(|c| {
             let mut out = std::io::stdout().lock();
-            let mut off = 0;
-            while off < info.size {
-                let chunk = os.read(id, off, WRITE_CHUNK)?;
-                if chunk.is_empty() {
+            let mut offset = 0u64;
+            loop {
+                let (data, size) = match c.call(Request::DebugObjectRead {
+                    pool: pool.clone(),
+                    objset,
+                    id,
+                    offset,
+                    length: 8 << 20,
+                })? {
+                    Response::Bytes { data, size } => (hex_decode(&data)?, size),
+                    r => return Err(unexpected(r)),
+                };
+                if data.is_empty() {
                     break;
                 }
-                out.write_all(&chunk)?;
-                off += chunk.len() as u64;
+                out.write_all(&data)?;
+                offset += data.len() as u64;
+                if offset >= size {
+                    break;
+                }
             }
             out.flush()?;
-            opened.close()
-        }
+            Ok(())
+        }),
         ObjectCmd::Rm { pool, id, objset } => {
-            let opened = open_pool(&pool)?;
-            let os = opened.store.objset(objset)?;
-            {
-                let tx = opened.store.begin(0)?;
-                os.free_object(&tx, id)?;
+            match call(Request::DebugObjectRemove { pool, objset, id })? {
+                Response::Done { message } => errln!("{message}"),
+                r => return Err(unexpected(r)),
             }
-            opened.pool.log_history(&crate::command_line());
-            opened.store.sync()?;
-            opened.close()?;
-            errln!("removed object {id} of objset {objset}");
             Ok(())
         }
         ObjectCmd::List { pool, objset, json } => {
-            let opened = open_pool(&pool)?;
-            let os = opened.store.objset(objset)?;
-            let mut infos = Vec::new();
-            let mut from = 1;
-            loop {
-                let ids = os.list_objects(from, 1000)?;
-                if ids.is_empty() {
-                    break;
-                }
-                for id in &ids {
-                    infos.push(os.stat(*id)?);
-                }
-                from = ids.last().expect("non-empty") + 1;
-            }
-            opened.close()?;
+            let infos = match call(Request::DebugObjectList { pool, objset })? {
+                Response::Objects(o) => o,
+                r => return Err(unexpected(r)),
+            };
             if json {
                 outln!("{}", serde_json::to_string_pretty(&infos)?);
             } else {

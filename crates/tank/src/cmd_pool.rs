@@ -1,16 +1,25 @@
 //! `tank pool ...`: the zpool vocabulary.
+//!
+//! # Theory of operation
+//! Each command turns its arguments into a typed request (device paths made absolute
+//! against this directory), sends it to the service (`client.rs`: the daemon, or one in
+//! this process) and renders the typed response as zpool does, or as JSON with `--json`.
+//! A scrub or resilver runs in the background of whoever holds the pool; with `-w`, or
+//! when no daemon runs (the scan would stop with this process), the command follows its
+//! job until it ends.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets, Table};
 use tank_object::{ScanPhase, ScanStatus};
-use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec, PoolStatus, VdevStatus};
+use tank_pool::{PoolStatus, VdevStatus};
+use tank_service::api::{PoolEvent, PoolReport, Request, Response, ScrubAction};
 
-use crate::datadir::{data_dir, human, parse_size, PoolCache};
-use crate::pools::{cache_entry, open_for_create, open_pool, scan_dirs};
+use crate::client::{unexpected, with_client, Client};
+use crate::datadir::{human, parse_size};
 
 #[derive(Subcommand)]
 pub enum PoolCmd {
@@ -283,125 +292,248 @@ pub struct HistoryArgs {
 }
 
 pub fn run(cmd: PoolCmd) -> Result<()> {
-    match cmd {
-        PoolCmd::Create(a) => create(a),
-        PoolCmd::List(a) => list(a),
-        PoolCmd::Status(a) => status(a),
-        PoolCmd::Export(a) => export(&a.name),
-        PoolCmd::Import(a) => import(a),
-        PoolCmd::Destroy(a) => destroy(a),
-        PoolCmd::Iostat(a) => iostat(a),
-        PoolCmd::History(a) => history(a),
-        PoolCmd::Scrub(a) => scrub(a),
-        PoolCmd::Events(a) => events(a),
-        PoolCmd::Offline(a) => offline(a),
-        PoolCmd::Online(a) => online(a),
-        PoolCmd::Clear(a) => clear(a),
-        PoolCmd::Resilver(a) => resilver(a),
-        PoolCmd::Replace(a) => replace(a),
-        PoolCmd::Attach(a) => attach(a),
-        PoolCmd::Set(a) => pool_set(a),
-        PoolCmd::Get(a) => pool_get(a),
-        PoolCmd::Detach(a) => detach(a),
-        PoolCmd::Add(a) => add(a),
-        PoolCmd::Remove(a) => remove(a),
+    with_client(|c| match cmd {
+        PoolCmd::Create(a) => create(c, a),
+        PoolCmd::List(a) => list(c, a),
+        PoolCmd::Status(a) => status(c, a),
+        PoolCmd::Export(a) => done(c, Request::PoolExport { name: a.name }),
+        PoolCmd::Import(a) => import(c, a),
+        PoolCmd::Destroy(a) => done(c, Request::PoolDestroy { name: a.name }),
+        PoolCmd::Iostat(a) => iostat(c, a),
+        PoolCmd::History(a) => history(c, a),
+        PoolCmd::Scrub(a) => scrub(c, a),
+        PoolCmd::Events(a) => events(c, a),
+        PoolCmd::Offline(a) => done(
+            c,
+            Request::PoolOffline {
+                name: a.name,
+                device: a.device,
+                temporary: a.temporary,
+            },
+        ),
+        PoolCmd::Online(a) => scan_change(
+            c,
+            Request::PoolOnline {
+                name: a.name,
+                device: a.device,
+            },
+            false,
+        ),
+        PoolCmd::Clear(a) => {
+            let r = c.call(Request::PoolClear {
+                name: a.name,
+                device: a.device,
+            })?;
+            // `zpool clear` says nothing when nothing came back.
+            match r {
+                Response::Done { .. } => Ok(()),
+                r => follow_scan(c, r, false),
+            }
+        }
+        PoolCmd::Resilver(a) => scan_change(c, Request::PoolResilver { name: a.name }, a.wait),
+        PoolCmd::Replace(a) => {
+            let size = a.size.as_deref().map(parse_size).transpose()?;
+            let new = a.new.as_deref().map(absolute);
+            scan_change(
+                c,
+                Request::PoolReplace {
+                    name: a.name,
+                    old: a.old,
+                    new,
+                    size,
+                    force: a.force,
+                },
+                a.wait,
+            )
+        }
+        PoolCmd::Attach(a) => {
+            let size = a.size.as_deref().map(parse_size).transpose()?;
+            scan_change(
+                c,
+                Request::PoolAttach {
+                    name: a.name,
+                    existing: a.existing,
+                    new: absolute(&a.new),
+                    size,
+                    force: a.force,
+                },
+                a.wait,
+            )
+        }
+        PoolCmd::Set(a) => {
+            let Some((prop, value)) = a.assignment.split_once('=') else {
+                bail!("expected PROPERTY=VALUE, got '{}'", a.assignment);
+            };
+            c.call(Request::PoolSet {
+                name: a.name,
+                property: prop.into(),
+                value: value.into(),
+            })?;
+            Ok(())
+        }
+        PoolCmd::Get(a) => pool_get(c, a),
+        PoolCmd::Detach(a) => done(
+            c,
+            Request::PoolDetach {
+                name: a.name,
+                device: a.device,
+            },
+        ),
+        PoolCmd::Add(a) => {
+            let size = a.size.as_deref().map(parse_size).transpose()?;
+            done(
+                c,
+                Request::PoolAdd {
+                    name: a.name,
+                    spec: spec_paths(&a.spec),
+                    size,
+                    force: a.force,
+                },
+            )
+        }
+        PoolCmd::Remove(a) => done(
+            c,
+            Request::PoolRemove {
+                name: a.name,
+                devices: a.devices,
+            },
+        ),
+    })
+}
+
+/// A device path made absolute against this directory (the cache file and the labels name
+/// devices from anywhere).
+pub fn absolute(p: &str) -> String {
+    crate::out::resolve(std::path::Path::new(p))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The words of a vdev specification with its device paths made absolute.
+fn spec_paths(spec: &[String]) -> Vec<String> {
+    const KEYWORDS: &[&str] = &[
+        "mirror", "raidz", "raidz1", "raidz2", "raidz3", "log", "cache", "spare", "special",
+        "dedup",
+    ];
+    spec.iter()
+        .map(|t| {
+            if KEYWORDS.contains(&t.as_str()) || t.starts_with('-') {
+                t.clone()
+            } else {
+                absolute(t)
+            }
+        })
+        .collect()
+}
+
+/// Sends a change and prints the message it answers with.
+fn done(c: &Client, req: Request) -> Result<()> {
+    match c.call(req)? {
+        Response::Done { message } => {
+            if !message.is_empty() {
+                outln!("{message}");
+            }
+            Ok(())
+        }
+        r => Err(unexpected(r)),
     }
 }
 
-/// `zpool add`: the new devices are opened (created with `--size`), checked and labelled;
-/// new cache devices join the L2ARC at once.
-fn add(a: AddArgs) -> Result<()> {
-    const KEYWORDS: &[&str] = &[
-        "mirror", "raidz", "raidz1", "raidz2", "raidz3", "log", "cache", "spare", "special",
-    ];
-    let tokens = a
-        .spec
-        .iter()
-        .map(|t| {
-            if KEYWORDS.contains(&t.as_str()) {
-                Ok(t.clone())
-            } else {
-                crate::pools::absolute(t)
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let spec = PoolSpec::parse_add(&tokens, a.force)?;
-    let opened = open_pool(&a.name)?;
-    let result = (|| -> Result<()> {
-        let size = a.size.as_deref().map(parse_size).transpose()?;
-        let leaves = opened.pool.leaf_list();
-        for d in spec.all_devices() {
-            if leaves.iter().any(|(_, l)| l.path() == d) {
-                bail!("cannot add: '{d}' is already a device of this pool");
-            }
-        }
-        let devices = open_for_create(&spec.all_devices(), size)?;
-        opened.pool.add(&spec, &devices, a.force)?;
-        devices_changed(&opened)?;
-        opened.store.cache_devices_changed();
-        opened.store.sync()?;
-        for d in spec.all_devices() {
-            outln!("added {d} to pool '{}'", a.name);
-        }
-        Ok(())
-    })();
-    opened.close()?;
-    result
+/// Sends a change that may start a resilver, and follows it when asked to (or when no
+/// daemon runs it).
+fn scan_change(c: &Client, req: Request, wait: bool) -> Result<()> {
+    let r = c.call(req)?;
+    follow_scan(c, r, wait)
 }
 
-/// `zpool remove` for cache, log and spare devices.
-fn remove(a: RemoveArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let result = (|| -> Result<()> {
-        for d in &a.devices {
-            let (class, _) = opened.pool.remove(d)?;
-            devices_changed(&opened)?;
-            opened.store.cache_devices_changed();
-            outln!(
-                "removed {} device {d} from pool '{}'",
-                class.section().unwrap_or("data"),
-                a.name
-            );
+fn follow_scan(c: &Client, r: Response, wait: bool) -> Result<()> {
+    match r {
+        Response::Done { message } => {
+            outln!("{message}");
+            Ok(())
         }
-        opened.store.sync()?;
-        Ok(())
-    })();
-    opened.close()?;
-    result
+        Response::ScanStarted {
+            pool,
+            done,
+            message,
+            job,
+        } => {
+            for line in done {
+                outln!("{line}");
+            }
+            if c.is_daemon() && !wait {
+                outln!("{message}");
+                return Ok(());
+            }
+            if message.starts_with("resuming") {
+                outln!("{message}");
+            }
+            wait_scan(c, &pool, job)
+        }
+        r => Err(unexpected(r)),
+    }
 }
 
-fn create(a: CreateArgs) -> Result<()> {
-    let mut ashift = 12;
+/// Follows a scan's job until it stops running, with its progress every few seconds, then
+/// prints how it ended.
+fn wait_scan(c: &Client, pool: &str, job: Option<u64>) -> Result<()> {
+    let mut last = Instant::now();
+    if let Some(id) = job {
+        loop {
+            let j = match c.call(Request::JobGet { id })? {
+                Response::Job(j) => j,
+                r => return Err(unexpected(r)),
+            };
+            if j.state != "running" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            if last.elapsed().as_secs() >= 5 {
+                last = Instant::now();
+                let total = j.total_bytes.max(1);
+                errln!(
+                    "{} / {} issued at {}/s, {:.2}% done{}",
+                    tank_dataset::props::human(j.done_bytes),
+                    tank_dataset::props::human(total),
+                    tank_dataset::props::human(j.rate as u64),
+                    100.0 * j.done_bytes as f64 / total as f64,
+                    j.eta_secs
+                        .map(|e| format!(", {} to go", hms(e)))
+                        .unwrap_or_default()
+                );
+            }
+        }
+    }
+    for r in reports(c, Some(pool.to_string()))? {
+        outln!("{}", scan_lines(&r.scan.status).join("\n"));
+    }
+    Ok(())
+}
+
+fn create(c: &Client, a: CreateArgs) -> Result<()> {
+    let mut ashift = None;
     for p in &a.props {
         match p.split_once('=') {
             Some(("ashift", v)) => {
-                ashift = v
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("invalid ashift '{v}': a number from 9 to 16"))?
+                ashift =
+                    Some(v.parse().map_err(|_| {
+                        anyhow::anyhow!("invalid ashift '{v}': a number from 9 to 16")
+                    })?)
             }
             _ => bail!("invalid pool property '{p}' (supported at create: ashift=N)"),
         }
     }
-    let cache = PoolCache::load(&data_dir())?;
-    if cache.find(&a.name).is_some() {
-        bail!(
-            "cannot create '{}': a pool with that name is already imported",
-            a.name
-        );
-    }
-    let spec = PoolSpec::parse(&a.spec, a.force)?;
     let size = a.size.as_deref().map(parse_size).transpose()?;
-    let devices = open_for_create(&spec.all_devices(), size)?;
-    let opts = CreateOptions {
-        ashift,
+    let st = match c.call(Request::PoolCreate {
+        name: a.name,
+        spec: spec_paths(&a.spec),
+        size,
         force: a.force,
-        ..Default::default()
+        ashift,
+    })? {
+        Response::PoolCreated(st) => st,
+        r => return Err(unexpected(r)),
     };
-    let (pool, warnings) = Pool::create(&a.name, &spec, &devices, &opts)?;
-    for w in &warnings {
-        errln!("warning: {w}");
-    }
-    let st = register(&pool)?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&st)?);
     } else {
@@ -416,40 +548,7 @@ fn create(a: CreateArgs) -> Result<()> {
     Ok(())
 }
 
-/// After create or import: records the command, opens the object sets, syncs, enters the
-/// pool in the cache file and closes it; returns its status.
-fn register(pool: &std::sync::Arc<Pool>) -> Result<PoolStatus> {
-    pool.log_history(&crate::command_line());
-    let (store, dsl) = crate::pools::open_datasets(pool)?;
-    store.sync()?;
-    let mut cache = PoolCache::load(&data_dir())?;
-    cache.upsert(cache_entry(pool));
-    cache.save(&data_dir())?;
-    let st = pool.status();
-    if crate::pools::daemon_mode() {
-        crate::pools::adopt(crate::pools::Opened {
-            pool: pool.clone(),
-            store,
-            dsl,
-        });
-    } else {
-        pool.shutdown()?;
-    }
-    Ok(st)
-}
-
-fn pool_names(given: &[String]) -> Result<Vec<String>> {
-    if !given.is_empty() {
-        return Ok(given.to_vec());
-    }
-    Ok(PoolCache::load(&data_dir())?
-        .pools
-        .into_iter()
-        .map(|p| p.name)
-        .collect())
-}
-
-fn list(a: ListArgs) -> Result<()> {
+fn list(c: &Client, a: ListArgs) -> Result<()> {
     let cols: Vec<String> = if a.props.is_empty() {
         ["name", "size", "alloc", "free", "cap", "health"]
             .iter()
@@ -461,51 +560,43 @@ fn list(a: ListArgs) -> Result<()> {
     let known = [
         "name", "size", "alloc", "free", "cap", "health", "guid", "ashift", "txg", "usable",
     ];
-    for c in &cols {
-        if !known.contains(&c.as_str()) {
-            bail!("invalid property '{c}' (valid: {})", known.join(","));
+    for col in &cols {
+        if !known.contains(&col.as_str()) {
+            bail!("invalid property '{col}' (valid: {})", known.join(","));
         }
     }
-    let mut rows = Vec::new();
-    let mut json = Vec::new();
-    for name in pool_names(&a.names)? {
-        let opened = open_pool(&name)?;
-        let st = opened.pool.status();
-        let ashift = opened.pool.ashift();
-        opened.close()?;
-        let cap = (st.space.allocated * 100)
-            .checked_div(st.space.size)
-            .unwrap_or(0);
-        let value = |c: &str, raw: bool| -> String {
-            let h = |b: u64| if raw { b.to_string() } else { human(b) };
-            match c {
-                "name" => st.name.clone(),
-                "size" => h(st.space.size),
-                "alloc" => h(st.space.allocated),
-                "free" => h(st.space.free),
-                "cap" => format!("{cap}%"),
-                "health" => st.state.clone(),
-                "guid" => st.guid.to_string(),
-                "ashift" => ashift.to_string(),
-                "txg" => st.txg.to_string(),
-                "usable" => h(st.space.usable),
-                _ => "-".into(),
-            }
-        };
-        rows.push(
-            cols.iter()
-                .map(|c| value(c, a.scripted))
-                .collect::<Vec<_>>(),
-        );
-        json.push(serde_json::json!({
-            "name": st.name, "guid": st.guid, "size": st.space.size, "allocated": st.space.allocated,
-            "free": st.space.free, "capacity": cap, "health": st.state, "ashift": ashift,
-            "txg": st.txg, "usable": st.space.usable,
-        }));
-    }
+    let pools = match c.call(Request::PoolList { names: a.names })? {
+        Response::Pools(p) => p,
+        r => return Err(unexpected(r)),
+    };
     if a.json {
-        outln!("{}", serde_json::to_string_pretty(&json)?);
-    } else if a.scripted {
+        outln!("{}", serde_json::to_string_pretty(&pools)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = pools
+        .iter()
+        .map(|p| {
+            cols.iter()
+                .map(|col| {
+                    let h = |b: u64| if a.scripted { b.to_string() } else { human(b) };
+                    match col.as_str() {
+                        "name" => p.name.clone(),
+                        "size" => h(p.size),
+                        "alloc" => h(p.allocated),
+                        "free" => h(p.free),
+                        "cap" => format!("{}%", p.capacity),
+                        "health" => p.health.clone(),
+                        "guid" => p.guid.to_string(),
+                        "ashift" => p.ashift.to_string(),
+                        "txg" => p.txg.to_string(),
+                        "usable" => h(p.usable),
+                        _ => "-".into(),
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    if a.scripted {
         for r in rows {
             outln!("{}", r.join("\t"));
         }
@@ -638,76 +729,41 @@ pub fn scan_lines(s: &ScanStatus) -> Vec<String> {
     }
 }
 
-/// What `status` shows beside the vdev tree: the scan and the permanent errors.
-pub struct ScanReport {
-    pub scan: ScanStatus,
-    /// Permanent errors, named (see `tank_dataset::error_name`).
-    pub errors: Vec<String>,
-    /// Who runs an active scan: `daemon`, or `none` when the pool is held only by this
-    /// command's process (which ran it while it held the pool: it stops with it).
-    pub runner: Option<&'static str>,
-}
-
-impl ScanReport {
-    pub fn of(opened: &crate::pools::Opened) -> Self {
-        let errors = opened
-            .store
-            .scan_errors()
-            .into_iter()
-            .map(|(tree, obj)| tank_dataset::error_name(&opened.dsl, tree, obj))
-            .collect();
-        let mut scan = opened.store.scan_status();
-        let active = scan.state.phase == ScanPhase::Scanning && !scan.state.paused;
-        let runner = match (active, crate::pools::daemon_mode()) {
-            (false, _) => None,
-            (true, true) => Some("daemon"),
-            (true, false) => {
-                // This process ran it since it opened the pool, and stops it on exit.
-                scan.running = false;
-                Some("none")
-            }
+/// The `scan:` lines of a report; an active scan that no process will go on running says
+/// so and names the commands that run it, instead of "in progress".
+fn report_scan_lines(r: &PoolReport) -> Vec<String> {
+    let mut lines = scan_lines(&r.scan.status);
+    if r.scan.runner.as_deref() == Some("none") {
+        let st = &r.scan.status.state;
+        let pool = &r.status.name;
+        let (what, command) = if st.func == "resilver" {
+            ("resilver", format!("tank pool resilver -w {pool}"))
+        } else {
+            ("scrub", format!("tank pool scrub -w {pool}"))
         };
-        Self {
-            scan,
-            errors,
-            runner,
-        }
+        lines[0] = format!(
+            "{what} waiting since {}: no process is running it; start 'tank serve' to run it in the background, or run '{command}'",
+            tank_pool::fmt_time(st.start_time)
+        );
     }
-
-    /// The `scan:` lines; an active scan that no process will go on running says so and
-    /// names the commands that run it, instead of "in progress".
-    pub fn lines(&self, pool: &str) -> Vec<String> {
-        let mut lines = scan_lines(&self.scan);
-        if self.runner == Some("none") {
-            let st = &self.scan.state;
-            let (what, command) = if st.func == "resilver" {
-                ("resilver", format!("tank pool resilver -w {pool}"))
-            } else {
-                ("scrub", format!("tank pool scrub -w {pool}"))
-            };
-            lines[0] = format!(
-                "{what} waiting since {}: no process is running it; start 'tank serve' to run it in the background, or run '{command}'",
-                tank_pool::fmt_time(st.start_time)
-            );
-        }
-        lines
-    }
+    lines
 }
 
-pub fn print_status(st: &PoolStatus, report: &ScanReport, verbose: bool) {
+pub fn print_status(r: &PoolReport, verbose: bool) {
+    let st: &PoolStatus = &r.status;
     outln!("  pool: {}", st.name);
     outln!(" state: {}", st.state);
     if let Some(s) = &st.status {
         outln!("status: {s}");
-    } else if !report.errors.is_empty() {
+    } else if !r.errors.is_empty() {
         outln!("status: One or more devices has experienced an error resulting in data corruption. Applications may be affected.");
     }
     if let Some(a) = &st.action {
         outln!("action: {a}");
-    } else if !report.errors.is_empty() {
+    } else if !r.errors.is_empty() {
         outln!("action: Restore the files in question from a backup or delete them, then scrub again to clear the list.");
     }
-    for (i, line) in report.lines(&st.name).iter().enumerate() {
+    for (i, line) in report_scan_lines(r).iter().enumerate() {
         outln!("{}{line}", if i == 0 { "  scan: " } else { "        " });
     }
     outln!("config:\n");
@@ -763,30 +819,19 @@ pub fn print_status(st: &PoolStatus, report: &ScanReport, verbose: bool) {
             st.healed_blocks
         );
     }
-    if report.errors.is_empty() {
+    if r.errors.is_empty() {
         outln!("errors: No known data errors");
     } else if verbose {
         outln!("errors: Permanent errors have been detected in the following files:\n");
-        for e in &report.errors {
+        for e in &r.errors {
             outln!("        {e}");
         }
     } else {
         outln!(
             "errors: {} data errors, use '-v' for a list",
-            report.errors.len()
+            r.errors.len()
         );
     }
-}
-
-/// One event of one pool, as `events --json` prints it.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct PoolEvent {
-    pool: String,
-    seq: u64,
-    time: f64,
-    class: String,
-    vdev: Option<String>,
-    detail: String,
 }
 
 fn print_events(events: &[PoolEvent]) {
@@ -807,525 +852,185 @@ fn print_events(events: &[PoolEvent]) {
     }
 }
 
-fn events(a: EventsArgs) -> Result<()> {
+fn fetch_events(c: &Client, name: Option<String>, since: u64) -> Result<Vec<PoolEvent>> {
+    match c.call(Request::PoolEvents { name, since })? {
+        Response::Events(e) => Ok(e),
+        r => Err(unexpected(r)),
+    }
+}
+
+fn events(c: &Client, a: EventsArgs) -> Result<()> {
+    if a.clear {
+        c.call(Request::PoolEventsClear { name: a.name })?;
+        return Ok(());
+    }
     if a.follow {
-        bail!("'pool events -f' follows the daemon's events: start it with 'tank serve'");
-    }
-    let names = match &a.name {
-        Some(n) => vec![n.clone()],
-        None => pool_names(&[])?,
-    };
-    let mut all = Vec::new();
-    for name in names {
-        let opened = open_pool(&name)?;
-        if a.clear {
-            opened.pool.events.clear();
-        } else {
-            all.extend(
-                opened
-                    .pool
-                    .events
-                    .since(a.since)
-                    .into_iter()
-                    .map(|e| PoolEvent {
-                        pool: name.clone(),
-                        seq: e.seq,
-                        time: e.time,
-                        class: e.class,
-                        vdev: e.vdev,
-                        detail: e.detail,
-                    }),
-            );
+        if !c.is_daemon() {
+            bail!("'pool events -f' follows the daemon's events: start it with 'tank serve'");
         }
-        opened.close()?;
+        // The newer events, twice a second.
+        let mut seen: std::collections::HashMap<String, u64> = Default::default();
+        loop {
+            let fresh: Vec<PoolEvent> = fetch_events(c, a.name.clone(), a.since)?
+                .into_iter()
+                .filter(|e| e.seq > seen.get(&e.pool).copied().unwrap_or(a.since))
+                .collect();
+            for e in &fresh {
+                let s = seen.entry(e.pool.clone()).or_default();
+                *s = (*s).max(e.seq);
+            }
+            print_events(&fresh);
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
-    all.sort_by(|x, y| x.time.total_cmp(&y.time));
+    let all = fetch_events(c, a.name, a.since)?;
     if a.json {
         outln!("{}", serde_json::to_string(&all)?);
-    } else if !a.clear {
+    } else {
         print_events(&all);
     }
     Ok(())
 }
 
-/// `pool events -f` in the client: asks the daemon for the newer events twice a second.
-pub fn follow_events(a: &EventsArgs) -> Result<()> {
-    let mut seen: std::collections::HashMap<String, u64> = Default::default();
-    loop {
-        let mut argv = vec!["pool".to_string(), "events".into(), "--json".into()];
-        argv.extend(a.name.clone());
-        let Some(reply) = crate::daemon::forward(&argv, None)? else {
-            bail!("'pool events -f' follows the daemon's events: start it with 'tank serve'");
-        };
-        if reply.code != 0 {
-            bail!("{}", reply.stderr.trim());
-        }
-        let events: Vec<PoolEvent> = serde_json::from_str(reply.stdout.trim())?;
-        let fresh: Vec<PoolEvent> = events
-            .into_iter()
-            .filter(|e| e.seq > seen.get(&e.pool).copied().unwrap_or(a.since))
-            .collect();
-        for e in &fresh {
-            let s = seen.entry(e.pool.clone()).or_default();
-            *s = (*s).max(e.seq);
-        }
-        print_events(&fresh);
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// Waits for the running scan in this process, with its progress every few seconds, then
-/// prints how it ended.
-fn wait_scan(store: &tank_object::ObjectStore) -> Result<()> {
-    let mut last = Instant::now();
-    while store.scan_status().running {
-        std::thread::sleep(Duration::from_millis(200));
-        if last.elapsed().as_secs() >= 5 {
-            last = Instant::now();
-            let lines = scan_lines(&store.scan_status());
-            errln!("{}", lines[1..].join(", "));
-        }
-    }
-    store.scan_wait();
-    store.sync()?;
-    outln!("{}", scan_lines(&store.scan_status()).join("\n"));
-    Ok(())
-}
-
-fn offline(a: OfflineArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let r = opened.pool.offline(&a.device, a.temporary);
-    let r = r.and_then(|()| {
-        opened.pool.log_history(&crate::command_line());
-        opened
-            .store
-            .sync()
-            .map_err(|e| tank_pool::PoolError::Corrupt(e.to_string()))
-    });
-    opened.close()?;
-    r?;
-    outln!(
-        "{} of pool '{}' is offline{}",
-        a.device,
-        a.name,
-        if a.temporary { " until export" } else { "" }
-    );
-    Ok(())
-}
-
-/// After devices came back: resilver what they missed, in the daemon or here.
-fn resilver_missed(opened: &crate::pools::Opened, wait: bool) -> Result<()> {
-    if !opened.store.resilver_start()? {
-        outln!("nothing to resilver: every device has every txg");
-        return Ok(());
-    }
-    if crate::pools::daemon_mode() && !wait {
-        outln!(
-            "resilver started; 'tank pool status {}' shows its progress",
-            opened.pool.name()
-        );
-        return Ok(());
-    }
-    wait_scan(&opened.store)
-}
-
-fn online(a: DeviceArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let result = (|| -> Result<()> {
-        let missed = opened.pool.online(&a.device)?;
-        opened.pool.log_history(&crate::command_line());
-        match missed {
-            Some((first, last)) => {
-                outln!("{} is online; it missed txgs {first}..={last}", a.device);
-                resilver_missed(&opened, false)
-            }
-            None => {
-                outln!("{} is online", a.device);
-                Ok(())
-            }
-        }
-    })();
-    opened.close()?;
-    result
-}
-
-fn clear(a: ClearArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let result = (|| -> Result<()> {
-        let back = opened.pool.clear(a.device.as_deref())?;
-        opened.pool.log_history(&crate::command_line());
-        for (dev, (first, last)) in &back {
-            outln!("{dev} is back online; it missed txgs {first}..={last}");
-        }
-        if !back.is_empty() {
-            resilver_missed(&opened, false)?;
-        }
-        Ok(())
-    })();
-    opened.close()?;
-    result
-}
-
-fn replace(a: ReplaceArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let result = (|| -> Result<()> {
-        let size = a.size.as_deref().map(parse_size).transpose()?;
-        let leaves = opened.pool.leaf_list();
-        let (_, old_leaf) = opened.pool.find_leaf(&a.old)?;
-        // Without NEW, the disk at the old device's place (for a slot a hot spare stands in
-        // for: the failed device's, not the spare's).
-        let new = a.new.clone().unwrap_or_else(|| {
-            old_leaf
-                .spare_for()
-                .map_or_else(|| old_leaf.path(), |(_, path)| path)
-        });
-        let new_abs = crate::pools::absolute(&new)?;
-        if new_abs == old_leaf.path() {
-            // The same device again (a disk swapped in place): only once it is out of use.
-            if old_leaf.is_usable() {
-                bail!(
-                    "cannot replace {} with itself while it is {}; take it offline first, or name a new device",
-                    a.old,
-                    old_leaf.state().name()
-                );
-            }
-            old_leaf.close();
-        } else if leaves.iter().any(|(_, l)| l.path() == new_abs) {
-            bail!(
-                "cannot replace {} with {new}: it is already a device of this pool",
-                a.old
-            );
-        }
-        let mut devs = open_for_create(std::slice::from_ref(&new), size)?;
-        let dev = devs.remove(&new).expect("opened");
-        let (first, last) = opened.pool.replace(&a.old, &new_abs, dev, a.force)?;
-        devices_changed(&opened)?;
-        outln!(
-            "{} replaced by {new_abs}; it lacks txgs {first}..={last} until the resilver rebuilt it",
-            a.old
-        );
-        resilver_missed(&opened, a.wait)
-    })();
-    opened.close()?;
-    result
-}
-
-/// After a device change: the command goes in the history, the new device paths in the
-/// cache file.
-fn devices_changed(opened: &crate::pools::Opened) -> Result<()> {
-    opened.pool.log_history(&crate::command_line());
-    let mut cache = PoolCache::load(&data_dir())?;
-    cache.upsert(cache_entry(&opened.pool));
-    cache.save(&data_dir())?;
-    Ok(())
-}
-
-fn pool_set(a: PoolSetArgs) -> Result<()> {
-    let Some((prop, value)) = a.assignment.split_once('=') else {
-        bail!("expected PROPERTY=VALUE, got '{}'", a.assignment);
+fn scrub(c: &Client, a: ScrubArgs) -> Result<()> {
+    let action = if a.stop {
+        ScrubAction::Stop
+    } else if a.pause {
+        ScrubAction::Pause
+    } else {
+        ScrubAction::Start
     };
-    if prop != "autoreplace" {
-        bail!("cannot set '{prop}': the settable pool property is autoreplace (ashift is fixed at creation)");
-    }
-    let on = match value {
-        "on" => true,
-        "off" => false,
-        _ => bail!("bad value '{value}' for {prop}: on or off"),
-    };
-    let opened = open_pool(&a.name)?;
-    let r = opened.pool.set_autoreplace(on);
-    if r.is_ok() {
-        opened.pool.log_history(&crate::command_line());
-    }
-    opened.close()?;
-    r?;
-    Ok(())
+    scan_change(
+        c,
+        Request::PoolScrub {
+            name: a.name,
+            action,
+        },
+        a.wait,
+    )
 }
 
-fn pool_get(a: PoolGetArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let cfg = opened.pool.config();
-    let space = opened.pool.space();
-    let all: Vec<(&str, String, &str)> = vec![
-        ("size", space.size.to_string(), "-"),
-        ("allocated", space.allocated.to_string(), "-"),
-        ("free", space.free.to_string(), "-"),
-        ("health", opened.pool.state().to_string(), "-"),
-        ("guid", cfg.guid.to_string(), "-"),
-        ("ashift", cfg.ashift.to_string(), "local"),
-        (
-            "autoreplace",
-            if cfg.autoreplace { "on" } else { "off" }.to_string(),
-            if cfg.autoreplace { "local" } else { "default" },
-        ),
-    ];
-    opened.close()?;
+fn pool_get(c: &Client, a: PoolGetArgs) -> Result<()> {
+    let all = match c.call(Request::PoolGet {
+        name: a.name.clone(),
+    })? {
+        Response::PoolProps(p) => p,
+        r => return Err(unexpected(r)),
+    };
     let wanted: Vec<&str> = a.props.split(',').collect();
-    let rows: Vec<&(&str, String, &str)> = all
-        .iter()
-        .filter(|(p, _, _)| a.props == "all" || wanted.contains(p))
-        .collect();
     if let Some(unknown) = wanted
         .iter()
-        .find(|w| **w != "all" && !all.iter().any(|(p, _, _)| p == *w))
+        .find(|w| **w != "all" && !all.iter().any(|p| p.property == **w))
     {
         bail!("no such pool property: '{unknown}'");
     }
+    let rows: Vec<_> = all
+        .iter()
+        .filter(|p| a.props == "all" || wanted.contains(&p.property.as_str()))
+        .collect();
     if a.json {
         let m: serde_json::Map<String, serde_json::Value> = rows
             .iter()
-            .map(|(p, v, s)| (p.to_string(), serde_json::json!({"value": v, "source": s})))
+            .map(|p| {
+                (
+                    p.property.clone(),
+                    serde_json::json!({"value": p.value, "source": p.source}),
+                )
+            })
             .collect();
         outln!("{}", serde_json::Value::Object(m));
     } else {
         outln!("{:<8} {:<12} {:<20} SOURCE", "NAME", "PROPERTY", "VALUE");
-        for (p, v, s) in rows {
-            outln!("{:<8} {:<12} {:<20} {s}", a.name, p, v);
+        for p in rows {
+            outln!(
+                "{:<8} {:<12} {:<20} {}",
+                a.name,
+                p.property,
+                p.value,
+                p.source
+            );
         }
     }
     Ok(())
 }
 
-fn attach(a: AttachArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let result = (|| -> Result<()> {
-        let size = a.size.as_deref().map(parse_size).transpose()?;
-        let new_abs = crate::pools::absolute(&a.new)?;
-        if opened
-            .pool
-            .leaf_list()
-            .iter()
-            .any(|(_, l)| l.path() == new_abs)
-        {
-            bail!(
-                "cannot attach {} to {}: it is already a device of this pool",
-                a.new,
-                a.existing
-            );
-        }
-        let mut devs = open_for_create(std::slice::from_ref(&a.new), size)?;
-        let dev = devs.remove(&a.new).expect("opened");
-        let (first, last) = opened.pool.attach(&a.existing, &new_abs, dev, a.force)?;
-        devices_changed(&opened)?;
-        outln!(
-            "{new_abs} attached to {}; it lacks txgs {first}..={last} until the resilver rebuilt it",
-            a.existing
-        );
-        resilver_missed(&opened, a.wait)
-    })();
-    opened.close()?;
-    result
+fn reports(c: &Client, name: Option<String>) -> Result<Vec<PoolReport>> {
+    match c.call(Request::PoolStatus { name })? {
+        Response::PoolReports(r) => Ok(r),
+        r => Err(unexpected(r)),
+    }
 }
 
-fn detach(a: DeviceArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let result = (|| -> Result<()> {
-        opened.pool.detach(&a.device)?;
-        devices_changed(&opened)?;
-        opened.store.sync()?;
-        outln!("{} detached from pool '{}'", a.device, a.name);
-        Ok(())
-    })();
-    opened.close()?;
-    result
-}
-
-fn resilver(a: ResilverArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let st = opened.store.scan_status();
-    let result = if st.running && st.state.func == "resilver" {
-        // Resumed when this process opened the pool (or running in the daemon).
-        if crate::pools::daemon_mode() && !a.wait {
-            outln!(
-                "a resilver is running; 'tank pool status {}' shows its progress",
-                a.name
-            );
-            Ok(())
-        } else {
-            outln!("resuming the resilver of pool '{}'", a.name);
-            wait_scan(&opened.store)
-        }
-    } else {
-        resilver_missed(&opened, a.wait)
-    };
-    opened.close()?;
-    result
-}
-
-fn scrub(a: ScrubArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    let store = opened.store.clone();
-    let name = &a.name;
-    let result = (|| -> Result<()> {
-        if a.stop {
-            store
-                .scrub_cancel()
-                .with_context(|| format!("cannot cancel scrubbing {name}"))?;
-            outln!("scrub of pool '{name}' canceled");
-            return Ok(());
-        }
-        if a.pause {
-            store
-                .scrub_pause()
-                .with_context(|| format!("cannot pause scrubbing {name}"))?;
-            outln!("scrub of pool '{name}' paused; 'tank pool scrub {name}' resumes it");
-            return Ok(());
-        }
-        let st = store.scan_status();
-        if !crate::pools::daemon_mode() && st.running && st.state.func == "scrub" {
-            // A scrub an earlier process left: resumed when this one opened the pool.
-            outln!("resuming the scrub of pool '{name}'");
-            return wait_scan(&store);
-        }
-        store
-            .scrub_start()
-            .with_context(|| format!("cannot scrub {name}"))?;
-        if crate::pools::daemon_mode() && !a.wait {
-            outln!("scrub of pool '{name}' started; 'tank pool status {name}' shows its progress");
-            return Ok(());
-        }
-        wait_scan(&store)
-    })();
-    opened.close()?;
-    result
-}
-
-fn status(a: StatusArgs) -> Result<()> {
-    let names = match &a.name {
-        Some(n) => vec![n.clone()],
-        None => pool_names(&[])?,
-    };
-    if names.is_empty() {
+fn status(c: &Client, a: StatusArgs) -> Result<()> {
+    let all = reports(c, a.name)?;
+    if all.is_empty() && !a.json {
         outln!("no pools available");
         return Ok(());
     }
-    let mut all = Vec::new();
-    for name in names {
-        let opened = open_pool(&name)?;
-        for n in &opened.pool.import_notes {
+    for r in &all {
+        for n in &r.import_notes {
             errln!("note: {n}");
         }
-        all.push((opened.pool.status(), ScanReport::of(&opened)));
-        opened.close()?;
     }
     if a.json {
-        let json: Vec<serde_json::Value> = all
-            .iter()
-            .map(|(st, r)| {
-                let mut v = serde_json::to_value(st).expect("serializable");
-                v["scan"] = serde_json::to_value(&r.scan).expect("serializable");
-                v["scan"]["runner"] = serde_json::to_value(r.runner).expect("serializable");
-                v["errors"] = serde_json::to_value(&r.errors).expect("serializable");
-                v
-            })
-            .collect();
-        outln!("{}", serde_json::to_string_pretty(&json)?);
+        outln!("{}", serde_json::to_string_pretty(&all)?);
     } else {
-        for (st, r) in &all {
-            print_status(st, r, a.verbose);
+        for r in &all {
+            print_status(r, a.verbose);
         }
     }
     Ok(())
 }
 
-fn export(name: &str) -> Result<()> {
-    let opened = open_pool(name)?;
-    crate::mounts::unmount_pool(name)?;
-    opened.pool.log_history(&crate::command_line());
-    opened.pool.export()?;
-    crate::pools::forget(name);
-    let mut cache = PoolCache::load(&data_dir())?;
-    cache.remove(name);
-    cache.save(&data_dir())?;
-    outln!("exported pool '{name}'");
-    Ok(())
-}
-
-fn import(a: ImportArgs) -> Result<()> {
-    let dirs = if a.dirs.is_empty() {
-        vec![data_dir()]
-    } else {
-        a.dirs.clone()
-    };
-    let Some(name) = a.name.clone() else {
-        let devs = scan_dirs(&dirs, false)?;
-        let found = Pool::scan(&devs);
-        let cache = PoolCache::load(&data_dir())?;
-        let found: Vec<_> = found
-            .into_iter()
-            .filter(|c| cache.find(&c.guid.to_string()).is_none())
-            .collect();
-        if a.json {
-            outln!("{}", serde_json::to_string_pretty(&found)?);
-        } else if found.is_empty() {
-            outln!("no pools available to import");
-        } else {
-            for c in found {
-                outln!("   pool: {}", c.name);
-                outln!("     id: {}", c.guid);
-                outln!(
-                    "  state: {}{}",
-                    c.state,
-                    if c.importable {
-                        ""
-                    } else {
-                        " (cannot be imported: too many devices missing)"
+fn import(c: &Client, a: ImportArgs) -> Result<()> {
+    let dirs: Vec<PathBuf> = a.dirs.iter().map(|d| crate::out::resolve(d)).collect();
+    let r = c.call(Request::PoolImport {
+        name: a.name,
+        dirs,
+        rewind: a.rewind,
+        force: a.force,
+        missing_log: a.missing_log,
+    })?;
+    match r {
+        Response::PoolImported { name, state } => {
+            outln!("imported pool '{name}' ({state})");
+        }
+        Response::ImportCandidates(found) => {
+            if a.json {
+                outln!("{}", serde_json::to_string_pretty(&found)?);
+            } else if found.is_empty() {
+                outln!("no pools available to import");
+            } else {
+                for c in found {
+                    outln!("   pool: {}", c.name);
+                    outln!("     id: {}", c.guid);
+                    outln!(
+                        "  state: {}{}",
+                        c.state,
+                        if c.importable {
+                            ""
+                        } else {
+                            " (cannot be imported: too many devices missing)"
+                        }
+                    );
+                    outln!("   host: {}", c.hostname);
+                    outln!("devices: {} of {} found", c.devices_found, c.devices_total);
+                    for v in &c.vdevs {
+                        outln!("         {v}");
                     }
-                );
-                outln!("   host: {}", c.hostname);
-                outln!("devices: {} of {} found", c.devices_found, c.devices_total);
-                for v in &c.vdevs {
-                    outln!("         {v}");
+                    for m in &c.missing {
+                        outln!("missing: {m}");
+                    }
+                    outln!();
                 }
-                for m in &c.missing {
-                    outln!("missing: {m}");
-                }
-                outln!();
             }
         }
-        return Ok(());
-    };
-    let cache = PoolCache::load(&data_dir())?;
-    if cache.find(&name).is_some() {
-        bail!("cannot import '{name}': a pool with that name is already imported");
+        r => return Err(unexpected(r)),
     }
-    let devs = scan_dirs(&dirs, true)?;
-    let pool = Pool::import(
-        &devs,
-        &ImportOptions {
-            name: Some(name.clone()),
-            rewind: a.rewind,
-            force: a.force,
-            missing_log: a.missing_log,
-            tunables: None,
-            supported_features: None,
-        },
-    )?;
-    for path in pool.autoreplace(&devs) {
-        errln!("note: autoreplace: the blank device at {path} replaced the missing one");
-    }
-    drop(devs);
-    for n in &pool.import_notes {
-        errln!("note: {n}");
-    }
-    let st = register(&pool)?;
-    outln!("imported pool '{}' ({})", st.name, st.state);
     Ok(())
 }
 
-fn destroy(a: DestroyArgs) -> Result<()> {
-    let opened = open_pool(&a.name)?;
-    crate::mounts::unmount_pool(&a.name)?;
-    opened.pool.destroy()?;
-    crate::pools::forget(&a.name);
-    let mut cache = PoolCache::load(&data_dir())?;
-    cache.remove(&a.name);
-    cache.save(&data_dir())?;
-    outln!("destroyed pool '{}'", a.name);
-    Ok(())
-}
-
-fn iostat(a: IostatArgs) -> Result<()> {
+fn iostat(c: &Client, a: IostatArgs) -> Result<()> {
     let mut name = None;
     let mut nums = Vec::new();
     for s in &a.args {
@@ -1343,12 +1048,13 @@ fn iostat(a: IostatArgs) -> Result<()> {
         .get(1)
         .map(|c| *c as u64)
         .unwrap_or(if interval.is_some() { u64::MAX } else { 1 });
-    let names = match name {
-        Some(n) => vec![n],
-        None => pool_names(&[])?,
+    let statuses = |c: &Client| -> Result<Vec<PoolStatus>> {
+        Ok(reports(c, name.clone())?
+            .into_iter()
+            .map(|r| r.status)
+            .collect())
     };
-    let opened: Vec<_> = names.iter().map(|n| open_pool(n)).collect::<Result<_>>()?;
-    let mut prev: Vec<PoolStatus> = opened.iter().map(|o| o.pool.status()).collect();
+    let mut prev = statuses(c)?;
     let mut last = Instant::now();
     let mut out_json = Vec::new();
     for i in 0..count {
@@ -1357,6 +1063,7 @@ fn iostat(a: IostatArgs) -> Result<()> {
         }
         let secs = last.elapsed().as_secs_f64().max(1e-3);
         last = Instant::now();
+        let now = statuses(c)?;
         let mut t = Table::new();
         t.load_style(presets::NOTHING);
         t.set_header([
@@ -1368,8 +1075,7 @@ fn iostat(a: IostatArgs) -> Result<()> {
             "READ BW",
             "WRITE BW",
         ]);
-        for (o, p) in opened.iter().zip(prev.iter_mut()) {
-            let st = o.pool.status();
+        for (st, p) in now.iter().zip(prev.iter()) {
             let rate = |new: &VdevStatus, old: &VdevStatus| {
                 let sum = |v: &VdevStatus| {
                     let mut s = v.stats;
@@ -1389,10 +1095,10 @@ fn iostat(a: IostatArgs) -> Result<()> {
                 };
                 let (n, o) = (sum(new), sum(old));
                 (
-                    (n.read_ops - o.read_ops) as f64 / secs,
-                    (n.write_ops - o.write_ops) as f64 / secs,
-                    (n.read_bytes - o.read_bytes) as f64 / secs,
-                    (n.write_bytes - o.write_bytes) as f64 / secs,
+                    n.read_ops.saturating_sub(o.read_ops) as f64 / secs,
+                    n.write_ops.saturating_sub(o.write_ops) as f64 / secs,
+                    n.read_bytes.saturating_sub(o.read_bytes) as f64 / secs,
+                    n.write_bytes.saturating_sub(o.write_bytes) as f64 / secs,
                 )
             };
             let (r, w, rb, wb) = rate(&st.config[0], &p.config[0]);
@@ -1430,8 +1136,8 @@ fn iostat(a: IostatArgs) -> Result<()> {
                     }
                 }
             }
-            *p = st;
         }
+        prev = now;
         if a.json {
             outln!("{}", serde_json::to_string(&out_json)?);
             out_json.clear();
@@ -1439,21 +1145,15 @@ fn iostat(a: IostatArgs) -> Result<()> {
             outln!("{t}\n");
         }
     }
-    for o in opened {
-        o.close()?;
-    }
     Ok(())
 }
 
-fn history(a: HistoryArgs) -> Result<()> {
-    let names = match &a.name {
-        Some(n) => vec![n.clone()],
-        None => pool_names(&[])?,
+fn history(c: &Client, a: HistoryArgs) -> Result<()> {
+    let all = match c.call(Request::PoolHistory { name: a.name })? {
+        Response::History(h) => h,
+        r => return Err(unexpected(r)),
     };
-    for name in names {
-        let opened = open_pool(&name)?;
-        let h = opened.pool.history()?;
-        opened.close()?;
+    for (name, h) in all {
         if a.json {
             outln!("{}", serde_json::to_string_pretty(&h)?);
         } else {

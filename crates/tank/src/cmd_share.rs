@@ -1,18 +1,16 @@
 //! `tank share`: add, list, set and remove the shares of the imported pools
-//! (`tank_service::shares`), kept with their datasets. In the daemon every command goes
-//! through its one registry, which the protocol servers will watch for changes; a command
-//! without a daemon uses a registry of its own (no server runs to be told).
+//! (`tank_service::shares`), kept with their datasets. Each command is a typed request to
+//! the service; in the daemon every change goes through its one registry, which the
+//! protocol servers watch.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets, Table};
-use tank_service::shares::Registry;
+use tank_service::api::{Request, Response};
 
-use crate::datadir::{data_dir, PoolCache};
-use crate::pools::open_pool;
+use crate::client::{call, unexpected};
 
 #[derive(Subcommand)]
 pub enum ShareCmd {
@@ -57,23 +55,6 @@ pub struct NameArg {
     pub name: String,
 }
 
-/// The daemon's registry, made when it starts.
-static DAEMON_REGISTRY: OnceLock<Arc<Registry>> = OnceLock::new();
-
-/// The daemon's share registry (made at its start, for its protocol servers to watch).
-pub fn daemon_registry() -> Arc<Registry> {
-    DAEMON_REGISTRY
-        .get_or_init(|| Arc::new(Registry::new()))
-        .clone()
-}
-
-fn registry() -> Arc<Registry> {
-    match DAEMON_REGISTRY.get() {
-        Some(r) => r.clone(),
-        None => Arc::new(Registry::new()),
-    }
-}
-
 fn pairs(items: &[String]) -> Result<Vec<(String, String)>> {
     items
         .iter()
@@ -84,72 +65,65 @@ fn pairs(items: &[String]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-pub fn run(c: ShareCmd) -> Result<()> {
-    let names: Vec<String> = PoolCache::load(&data_dir())?
-        .pools
-        .into_iter()
-        .map(|p| p.name)
-        .collect();
-    let mut opened = Vec::new();
-    for n in &names {
-        opened.push(open_pool(n)?);
+fn share(req: Request) -> Result<tank_service::shares::ShareInfo> {
+    match call(req)? {
+        Response::Share(s) => Ok(s),
+        r => Err(unexpected(r)),
     }
-    let pools: Vec<Arc<tank_dataset::Dsl>> = opened.iter().map(|o| o.dsl.clone()).collect();
-    let accounts = crate::cmd_account::accounts().ok();
-    let registry = registry();
-    let result = (|| -> Result<()> {
-        match c {
-            ShareCmd::Add(a) => {
-                let options: BTreeMap<String, String> = pairs(&a.options)?.into_iter().collect();
-                let s = registry.add(
-                    &pools,
-                    &a.protocol,
-                    &a.name,
-                    &a.dataset,
-                    &options,
-                    accounts.as_deref(),
-                )?;
-                outln!("{} share '{}' of {} added", s.protocol, s.name, s.dataset);
-            }
-            ShareCmd::List(l) => {
-                let all = registry.list(&pools);
-                if l.json {
-                    outln!("{}", serde_json::to_string_pretty(&all)?);
-                } else {
-                    let mut t = Table::new();
-                    t.load_style(presets::NOTHING);
-                    t.set_header(vec!["NAME", "PROTOCOL", "DATASET", "OPTIONS"]);
-                    for s in &all {
-                        let o: Vec<String> =
-                            s.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                        t.add_row(vec![
-                            s.name.clone(),
-                            s.protocol.clone(),
-                            s.dataset.clone(),
-                            o.join(" "),
-                        ]);
-                    }
-                    outln!("{t}");
+}
+
+pub fn run(c: ShareCmd) -> Result<()> {
+    match c {
+        ShareCmd::Add(a) => {
+            let options: BTreeMap<String, String> = pairs(&a.options)?.into_iter().collect();
+            let s = share(Request::ShareAdd {
+                protocol: a.protocol,
+                name: a.name,
+                dataset: a.dataset,
+                options,
+            })?;
+            outln!("{} share '{}' of {} added", s.protocol, s.name, s.dataset);
+        }
+        ShareCmd::List(l) => {
+            let all = match call(Request::ShareList)? {
+                Response::Shares(s) => s,
+                r => return Err(unexpected(r)),
+            };
+            if l.json {
+                outln!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                let mut t = Table::new();
+                t.load_style(presets::NOTHING);
+                t.set_header(vec!["NAME", "PROTOCOL", "DATASET", "OPTIONS"]);
+                for s in &all {
+                    let o: Vec<String> =
+                        s.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    t.add_row(vec![
+                        s.name.clone(),
+                        s.protocol.clone(),
+                        s.dataset.clone(),
+                        o.join(" "),
+                    ]);
                 }
-            }
-            ShareCmd::Set(a) => {
-                let s = registry.set(&pools, &a.name, &pairs(&a.settings)?, accounts.as_deref())?;
-                outln!("share '{}' of {} updated", s.name, s.dataset);
-            }
-            ShareCmd::Remove(n) => {
-                let s = registry.remove(&pools, &n.name)?;
-                outln!(
-                    "{} share '{}' of {} removed (its data stays)",
-                    s.protocol,
-                    s.name,
-                    s.dataset
-                );
+                outln!("{t}");
             }
         }
-        Ok(())
-    })();
-    for o in opened {
-        o.close()?;
+        ShareCmd::Set(a) => {
+            let s = share(Request::ShareSet {
+                name: a.name,
+                settings: pairs(&a.settings)?,
+            })?;
+            outln!("share '{}' of {} updated", s.name, s.dataset);
+        }
+        ShareCmd::Remove(n) => {
+            let s = share(Request::ShareRemove { name: n.name })?;
+            outln!(
+                "{} share '{}' of {} removed (its data stays)",
+                s.protocol,
+                s.name,
+                s.dataset
+            );
+        }
     }
-    result
+    Ok(())
 }

@@ -3,36 +3,40 @@
 //! # Theory of operation
 //! On start the daemon creates the default pool when nothing is configured (six sparse
 //! file devices in raidz2 under the data directory, its root filesystem mounted under
-//! `DATA_DIR/mnt/tank`; all or nothing, see `demo::ensure_default_pool`), imports every
-//! pool of the cache file (finishing the set-up of a default pool an older build left
-//! without a mountpoint), mounts every filesystem with a mountpoint (and says why a pool's
-//! root is not mounted), and listens on `DATA_DIR/tank.sock`. With `--fuse-io-uring` it first
-//! turns the kernel's FUSE over io_uring on, so its mounts take requests from per-CPU rings.
+//! `DATA_DIR/mnt/tank`; all or nothing, see `demo::ensure_default_pool`), makes the one
+//! service (`tank_service::Service`) that holds its pools, mounts, shares, accounts and
+//! jobs, imports every pool of the cache file through it (finishing the set-up of a default
+//! pool an older build left without a mountpoint), mounts every filesystem with a
+//! mountpoint (and says why a pool's root is not mounted), and listens on
+//! `DATA_DIR/tank.sock`. With `--fuse-io-uring` it first turns the kernel's FUSE over
+//! io_uring on, so its mounts take requests from per-CPU rings.
 //!
-//! **The local API** is one JSON object per line each way. A request names a CLI command:
-//! `{"argv": ["dataset", "list", "--json"]}`; the reply carries what the command printed
-//! and its exit status: `{"code": 0, "stdout": "...", "stderr": ""}`. Commands run in the
-//! daemon on the pools it holds open (the same code as without a daemon), each on its own
-//! thread with its output captured, so `--json` output is the structured API. The CLI
-//! forwards every pool and dataset command when the socket answers, and runs it in its own
-//! process otherwise.
+//! **The local API** is the service's typed API (`tank_service::api`): one JSON envelope
+//! per line in (`{"version": 1, "request": {"op": "pool_status", ...}}`), one reply per
+//! line out. A connection may carry many requests, one after another. Anyone on the host
+//! may connect; every request is authorized for the uid the kernel reports for the peer
+//! (SO_PEERCRED): root is an administrator, another uid is its account or is refused. A
+//! malformed line, an unknown field or a newer API version gets a clear error and changes
+//! nothing.
 //!
 //! SIGTERM or SIGINT unmounts every filesystem, syncs and exports every pool (they stay in
 //! the cache file, so the next start imports them), removes the socket and exits.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::{Deserialize, Serialize};
 use tank_dataset::DatasetKind;
+use tank_service::api::{Envelope, Reply, WireError, API_VERSION};
+use tank_service::{Mode, Service, ServiceError};
 
-use crate::datadir::{data_dir, human, CachedPool, PoolCache};
+use crate::client::socket_path;
+use crate::datadir::{data_dir, human};
 use crate::demo::{ensure_default_pool, finish_default_pool, DEFAULT_DEVICE_SIZE, DEFAULT_POOL};
-use crate::pools::{daemon_pools, enter_daemon_mode, open_pool};
+use tank_service::pools::{CachedPool, PoolCache};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -43,96 +47,92 @@ pub struct ServeArgs {
     pub fuse_io_uring: bool,
 }
 
-#[derive(Serialize, Deserialize)]
-pub struct Request {
-    pub argv: Vec<String>,
-    /// A password the command needs (`user add`, `user passwd`), read by the client.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub secret: Option<String>,
-    /// The client's working directory: relative paths of the command are resolved
-    /// against it (`out::resolve`), not against the daemon's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cwd: Option<PathBuf>,
+/// Longest request line accepted (a request with a password, or a debug object's bytes).
+const MAX_REQUEST_BYTES: u64 = 64 << 20;
+/// Requests one connection may send before the daemon closes it.
+const MAX_REQUESTS_PER_CONNECTION: usize = 100_000;
+
+fn error_reply(e: &ServiceError) -> Reply {
+    Reply::Error(WireError::from(e))
 }
 
-#[derive(Serialize, Deserialize)]
-pub struct Reply {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-pub fn socket_path() -> PathBuf {
-    data_dir().join("tank.sock")
-}
-
-/// Sends a command to a running daemon; None when no daemon answers.
-pub fn forward(argv: &[String], secret: Option<String>) -> Result<Option<Reply>> {
-    let path = socket_path();
-    let Ok(mut stream) = UnixStream::connect(&path) else {
-        return Ok(None);
+/// Answers one line of a client.
+fn answer(svc: &Service, uid: u32, line: &str) -> Reply {
+    let env: Envelope = match serde_json::from_str(line) {
+        Ok(e) => e,
+        Err(e) => {
+            // A client of a newer API may send requests this build does not know: say so
+            // rather than "unknown variant".
+            let version = serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get("version").and_then(|v| v.as_u64()));
+            let msg = match version {
+                Some(v) if v != u64::from(API_VERSION) => format!(
+                    "the client speaks API version {v}, this daemon {API_VERSION}: use a tank of the same version"
+                ),
+                _ => format!("malformed request: {e}"),
+            };
+            return error_reply(&ServiceError::BadRequest(msg));
+        }
     };
-    let mut line = serde_json::to_string(&Request {
-        argv: argv.to_vec(),
-        secret,
-        cwd: std::env::current_dir().ok(),
-    })?;
-    line.push('\n');
-    stream.write_all(line.as_bytes())?;
-    let mut reply = String::new();
-    BufReader::new(stream)
-        .read_line(&mut reply)
-        .context("the daemon closed the connection")?;
-    Ok(Some(serde_json::from_str(&reply).with_context(|| {
-        format!("unreadable reply from the daemon at {}", path.display())
-    })?))
+    if env.version != API_VERSION {
+        return error_reply(&ServiceError::BadRequest(format!(
+            "the client speaks API version {}, this daemon {API_VERSION}: use a tank of the same version",
+            env.version
+        )));
+    }
+    let caller = match svc.local_caller(uid) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("refused {} from uid {uid}: {e}", env.request.op());
+            return error_reply(&e);
+        }
+    };
+    let op = env.request.op();
+    let (r, notes) = svc.handle(&caller, env.request, env.command);
+    match r {
+        Ok(response) => Reply::Ok { response, notes },
+        Err(e) => {
+            if matches!(
+                e,
+                ServiceError::Denied(_) | ServiceError::Unauthenticated(_)
+            ) {
+                eprintln!("refused {op} from uid {uid}: {e}");
+            }
+            error_reply(&e)
+        }
+    }
 }
 
-/// Longest request line accepted (a command line and a password).
-const MAX_REQUEST_BYTES: u64 = 1 << 20;
-
-fn handle(stream: UnixStream, accounts: &tank_service::Accounts) -> Result<()> {
+fn serve_connection(stream: UnixStream, svc: &Service) -> Result<()> {
     // Who is calling: the peer's uid from the kernel (SO_PEERCRED), never from the request.
     let uid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
         .context("cannot read the caller's credentials")?
         .uid();
-    let mut reader = BufReader::new(std::io::Read::take(stream.try_clone()?, MAX_REQUEST_BYTES));
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let req: Request = serde_json::from_str(&line).context("malformed request")?;
-    let command = format!("tank {}", req.argv.join(" "));
-    let allowed = tank_service::Caller::local(accounts, uid).and_then(|caller| {
-        let access = crate::cmd_account::access_of(&req.argv, accounts);
-        tank_service::authorize(&caller, &access)
-    });
-    let (code, out) = match allowed {
-        Ok(()) => crate::out::capture(command, || {
-            let mut argv = vec!["tank".to_string()];
-            argv.extend(req.argv.iter().cloned());
-            crate::out::with_client_dir(req.cwd, || {
-                crate::cmd_account::with_secret(req.secret, || crate::run_in_daemon(argv))
-            })
-        }),
-        Err(e) => {
-            eprintln!("refused 'tank {}' from uid {uid}: {e}", req.argv.join(" "));
-            (
-                e.exit_code(),
-                crate::out::Captured {
-                    stdout: String::new(),
-                    stderr: format!("tank: {e}\n"),
-                },
-            )
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    for _ in 0..MAX_REQUESTS_PER_CONNECTION {
+        let mut line = String::new();
+        let n = (&mut reader).take(MAX_REQUEST_BYTES).read_line(&mut line)?;
+        if n == 0 {
+            return Ok(());
         }
-    };
-    let reply = Reply {
-        code,
-        stdout: out.stdout,
-        stderr: out.stderr,
-    };
-    let mut w = stream;
-    let mut s = serde_json::to_string(&reply)?;
-    s.push('\n');
-    w.write_all(s.as_bytes())?;
+        let reply = if !line.ends_with('\n') && n as u64 >= MAX_REQUEST_BYTES {
+            let r = error_reply(&ServiceError::BadRequest(format!(
+                "request longer than {} bytes",
+                MAX_REQUEST_BYTES
+            )));
+            let mut s = serde_json::to_string(&r)?;
+            s.push('\n');
+            writer.write_all(s.as_bytes())?;
+            return Ok(());
+        } else {
+            answer(svc, uid, line.trim_end())
+        };
+        let mut s = serde_json::to_string(&reply)?;
+        s.push('\n');
+        writer.write_all(s.as_bytes())?;
+    }
     Ok(())
 }
 
@@ -147,29 +147,27 @@ fn is_default_pool(entry: &CachedPool) -> bool {
             .all(|d| std::path::Path::new(d).starts_with(&devdir))
 }
 
-/// Mounts every filesystem of the daemon's pools that has a mountpoint.
-fn mount_all() {
-    for opened in daemon_pools() {
-        for id in opened.dsl.all_ids() {
-            let Ok(rec) = opened.dsl.record(id) else {
-                continue;
-            };
-            if rec.kind != DatasetKind::Filesystem {
-                continue;
-            }
-            let name = opened.dsl.name_of(id);
+/// Mounts every filesystem of the service's pools that has a mountpoint.
+fn mount_all(svc: &Service) {
+    for opened in svc.open_pools() {
+        let root = opened.pool.name();
+        if let Ok(id) = opened.dsl.resolve(&root) {
+            let is_fs = opened
+                .dsl
+                .record(id)
+                .is_ok_and(|r| r.kind == DatasetKind::Filesystem);
             let mp = opened.dsl.prop(id, "mountpoint").unwrap_or_default();
-            if mp == "none" || mp == "legacy" || mp.is_empty() {
-                if !name.contains('/') {
-                    println!(
-                        "not mounting {name}: its mountpoint is '{mp}' (set one with 'tank dataset set mountpoint=/PATH {name}')"
-                    );
-                }
-                continue;
+            if is_fs && (mp == "none" || mp == "legacy" || mp.is_empty()) {
+                println!(
+                    "not mounting {root}: its mountpoint is '{mp}' (set one with 'tank dataset set mountpoint=/PATH {root}')"
+                );
             }
-            match crate::mounts::mount_dataset(&opened.dsl, &opened.store, &name, None) {
-                Ok(dir) => println!("mounted {name} at {}", dir.display()),
-                Err(e) => eprintln!("warning: cannot mount {name}: {}", crate::out::chain(&e)),
+        }
+        for line in svc.mount_pool(&opened) {
+            if line.starts_with("warning:") {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
             }
         }
     }
@@ -202,17 +200,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
             Err(e) => eprintln!("warning: FUSE over io_uring stays off: {e}"),
         }
     }
-    enter_daemon_mode();
+    let svc = Arc::new(Service::new(&dir, Mode::Daemon));
+    svc.mounts
+        .set_mounter(Arc::new(crate::fuse_mount::FuseMounter));
     for entry in PoolCache::load(&dir)?.pools {
-        // Imported through the cache as the CLI does, then kept open.
-        let opened = match open_pool(&entry.name) {
-            Ok(o) => o,
+        // Imported through the cache as a command would, then kept open.
+        let opened = match svc.open(&entry.name) {
+            Ok((o, notes)) => {
+                for n in notes {
+                    eprintln!("{n}");
+                }
+                o
+            }
             Err(e) => {
-                eprintln!(
-                    "warning: cannot import pool '{}': {}",
-                    entry.name,
-                    crate::out::chain(&e)
-                );
+                eprintln!("warning: cannot import pool '{}': {e}", entry.name);
                 continue;
             }
         };
@@ -241,11 +242,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 ),
             }
         }
-        crate::pools::adopt(opened);
     }
-    mount_all();
-    let accounts = crate::cmd_account::open_for_daemon()?;
-    crate::cmd_share::daemon_registry();
+    mount_all(&svc);
+    svc.accounts().with_context(|| {
+        format!(
+            "cannot open the account store {}",
+            dir.join("accounts.redb").display()
+        )
+    })?;
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     // Anyone on the host may connect; each request is authorized for the uid the kernel
@@ -259,16 +263,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
         "listening on {} (stop with Ctrl-C or SIGTERM)",
         sock.display()
     );
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let accounts = accounts.clone();
-            std::thread::spawn(move || {
-                if let Err(e) = handle(stream, &accounts) {
-                    eprintln!("warning: client request failed: {}", crate::out::chain(&e));
-                }
-            });
-        }
-    });
+    {
+        let svc = svc.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let svc = svc.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = serve_connection(stream, &svc) {
+                        eprintln!("warning: client request failed: {}", crate::out::chain(&e));
+                    }
+                });
+            }
+        });
+    }
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -276,29 +283,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let sig = signals.forever().next();
     println!("signal {}: stopping", sig.unwrap_or(0));
     let _ = std::fs::remove_file(&sock);
-    let mut failed = false;
-    for p in crate::mounts::unmount_all() {
+    let names: Vec<String> = svc.open_pools().iter().map(|o| o.pool.name()).collect();
+    let problems = svc.shutdown(true);
+    for p in &problems {
         eprintln!("warning: {p}");
-        failed = true;
     }
-    for opened in daemon_pools() {
-        let name = opened.pool.name();
-        opened.pool.log_history("tank serve (stop: export)");
-        match opened.pool.export() {
-            Ok(()) => println!("exported pool '{name}'"),
-            Err(e) => {
-                eprintln!(
-                    "warning: cannot export '{name}': {}",
-                    crate::out::chain(&e.into())
-                );
-                failed = true;
-            }
+    for n in names {
+        if !problems.iter().any(|p| p.contains(&format!("'{n}'"))) {
+            println!("exported pool '{n}'");
         }
-        crate::pools::forget(&name);
     }
     // Let client threads finish their replies.
     std::thread::sleep(Duration::from_millis(50));
-    if failed {
+    if !problems.is_empty() {
         bail!("stopped with errors (see above)");
     }
     Ok(())

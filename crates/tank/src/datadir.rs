@@ -11,8 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-use serde::{Deserialize, Serialize};
+use anyhow::Result;
 
 /// The data directory, absolute: resolved at the first call (`main` makes it at start) and
 /// the same for the life of the process.
@@ -37,68 +36,7 @@ fn absolute(dir: &Path) -> PathBuf {
         .unwrap_or_else(|_| dir.to_path_buf())
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CachedPool {
-    pub name: String,
-    pub guid: u64,
-    pub devices: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct PoolCache {
-    pub pools: Vec<CachedPool>,
-}
-
-fn cache_path(dir: &Path) -> PathBuf {
-    dir.join("pools.json")
-}
-
-impl PoolCache {
-    pub fn load(dir: &Path) -> Result<Self> {
-        let path = cache_path(dir);
-        match std::fs::read(&path) {
-            Ok(raw) => serde_json::from_slice(&raw)
-                .with_context(|| format!("{} is not a valid pool cache", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-        }
-    }
-
-    /// Writes the cache atomically (temporary file, fsync, rename).
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create data directory {}", dir.display()))?;
-        let path = cache_path(dir);
-        let tmp = dir.join("pools.json.tmp");
-        let raw = serde_json::to_vec_pretty(self)?;
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)
-                .with_context(|| format!("cannot write {}", tmp.display()))?;
-            f.write_all(&raw)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &path)?;
-        Ok(())
-    }
-
-    pub fn find(&self, name: &str) -> Option<&CachedPool> {
-        self.pools
-            .iter()
-            .find(|p| p.name == name || p.guid.to_string() == name)
-    }
-
-    pub fn upsert(&mut self, entry: CachedPool) {
-        self.pools
-            .retain(|p| p.name != entry.name && p.guid != entry.guid);
-        self.pools.push(entry);
-        self.pools.sort_by(|a, b| a.name.cmp(&b.name));
-    }
-
-    pub fn remove(&mut self, name: &str) {
-        self.pools.retain(|p| p.name != name);
-    }
-}
+pub use tank_service::pools::PoolCache;
 
 /// Parses a size such as `512`, `64K`, `64M`, `1.5G`, `16GiB`, `2T` (powers of 1024), as
 /// dataset properties do.

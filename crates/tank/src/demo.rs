@@ -10,7 +10,7 @@ use rand::{RngCore, SeedableRng};
 use tank_pool::{CreateOptions, Pool, PoolSpec};
 
 use crate::datadir::{data_dir, human, parse_size, PoolCache};
-use crate::pools::{cache_entry, open_for_create, open_pool};
+use tank_service::pools::{cache_entry, open_datasets, open_for_create};
 
 pub const DEFAULT_POOL: &str = "tank";
 /// Each default device: 4.5 GiB sparse, so 6 in raidz2 give 4 x ~4.5 GiB > 16 GiB usable.
@@ -72,7 +72,7 @@ fn create_default_pool(names: &[String]) -> Result<()> {
     let (pool, _) = Pool::create(DEFAULT_POOL, &spec, &devices, &CreateOptions::default())?;
     let made = (|| -> Result<()> {
         pool.log_history("tank (create the default pool)");
-        let (store, dsl) = crate::pools::open_datasets(&pool)?;
+        let (store, dsl) = open_datasets(&pool)?;
         set_default_mountpoint(&dsl)?;
         store.sync()?;
         Ok(())
@@ -126,7 +126,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     } else {
         outln!("using pool '{DEFAULT_POOL}' from {}", dir.display());
     }
-    let opened = open_pool(DEFAULT_POOL)?;
+    // The pool is opened in this process (as zdb would), for the command.
+    let client = crate::client::Client::local();
+    let svc = client.service().expect("a local service").clone();
+    let (opened, notes) = svc.open(DEFAULT_POOL)?;
+    for n in notes {
+        errln!("{n}");
+    }
     // The test data goes in a dataset of its own, destroyed at the end.
     let scratch = format!("{DEFAULT_POOL}/demo-{}", std::process::id());
     opened.dsl.run(tank_dataset::Op::Create {
@@ -188,12 +194,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .log_history("tank demo (wrote, verified and removed a test dataset)");
     opened.store.sync()?;
     outln!("removed the test dataset {scratch}\n");
-    crate::cmd_pool::print_status(
-        &opened.pool.status(),
-        &crate::cmd_pool::ScanReport::of(&opened),
-        false,
-    );
-    opened.close()?;
+    crate::cmd_pool::print_status(&svc.report(&opened), false);
+    drop(opened);
+    client.close()?;
     outln!("\nnext: 'tank pool status', 'tank pool history', 'tank debug object write tank FILE'");
     Ok(())
 }

@@ -37,9 +37,9 @@ use tank_device::{BlockDevice, DeviceRef, EmulatedDevice, FileDevice, FileDevice
 use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, Pool, PoolSpec};
 
+use crate::bench_mounts::{mount_dataset, unmount_pool};
 use crate::datadir::{data_dir, human};
-use crate::mounts::{mount_dataset, unmount_pool};
-use crate::pools::open_datasets;
+use tank_service::pools::open_datasets;
 
 /// The emulated pool's name and its benchmark filesystem.
 const POOL: &str = "emulated";
@@ -96,7 +96,7 @@ pub fn clean_up_on_signal() {
                 eprintln!("\ntank: interrupted: removing the benchmark's files");
                 fsbench::interrupt();
                 std::thread::sleep(FORCED_AFTER);
-                crate::mounts::detach_pool(POOL);
+                crate::bench_mounts::detach_pool(POOL);
                 fsbench::remove_tracked();
                 std::process::exit(128 + sig);
             }

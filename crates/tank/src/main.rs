@@ -1,18 +1,24 @@
 //! `tank`: the command-line interface.
 //!
 //! # Theory of operation
-//! Each command opens what it needs in this process (devices, pool, object store), does its
-//! work and closes the pool cleanly (everything synced). The vocabulary and output follow
-//! zpool/zfs; every listing command has `--json`. Errors are printed as one clear message and
-//! a non-zero exit; nothing panics on bad input.
+//! The binary is argument parsing and rendering. Every command that reads or changes pools,
+//! datasets, accounts or shares is a typed request to the management service
+//! (`tank_service`): over the daemon's local socket when it runs, else to a service in this
+//! process that opens what the command needs and closes it cleanly after (`client.rs`).
+//! The vocabulary and output follow zpool/zfs; every listing command has `--json`, made
+//! from the same typed response as the human output. Errors are printed as one clear
+//! message and a non-zero exit (the service's mapping: 2 for a bad argument, 77 for a
+//! refused caller, 1 otherwise); nothing panics on bad input.
 
 #[macro_use]
 mod out;
 mod awake;
 mod bench;
 mod bench_cache;
+mod bench_mounts;
 mod bench_scrub;
 mod bench_sync;
+mod client;
 mod cmd_account;
 mod cmd_arc;
 mod cmd_dataset;
@@ -24,9 +30,9 @@ mod datadir;
 mod demo;
 mod emulate;
 mod fsbench;
+mod fuse_mount;
 mod mounts;
 mod plan;
-mod pools;
 
 use clap::{Parser, Subcommand};
 
@@ -158,49 +164,6 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// Commands that act on pools, and so go to the daemon when one runs.
-fn forwarded(command: &Command) -> bool {
-    matches!(
-        command,
-        Command::Pool(_)
-            | Command::Dataset(_)
-            | Command::Snapshot(_)
-            | Command::Rollback(_)
-            | Command::Clone(_)
-            | Command::Mount(_)
-            | Command::Unmount(_)
-            | Command::Debug(_)
-            | Command::Param(_)
-            | Command::User(_)
-            | Command::Group(_)
-            | Command::Key(_)
-            | Command::Token(_)
-            | Command::Share(_)
-    ) || matches!(command, Command::Arcstat(a) if !a.follows())
-}
-
-/// Runs a client's command line in the daemon; returns its exit status.
-pub fn run_in_daemon(argv: Vec<String>) -> i32 {
-    let cli = match Cli::try_parse_from(argv) {
-        Ok(c) => c,
-        Err(e) => {
-            errln!("{e}");
-            return 2;
-        }
-    };
-    if !forwarded(&cli.command) {
-        errln!("tank: this command runs in the client, not in the daemon");
-        return 2;
-    }
-    match dispatch(cli.command) {
-        Ok(()) => 0,
-        Err(e) => {
-            errln!("tank: {}", crate::out::chain(&e));
-            exit_code(&e)
-        }
-    }
-}
-
 /// The exit status of a failed command: the service's own mapping for its errors (77 for a
 /// refused caller, 2 for a bad argument), else 1.
 pub fn exit_code(e: &anyhow::Error) -> i32 {
@@ -218,61 +181,8 @@ fn main() {
         eprintln!("tank: {}", crate::out::chain(&e));
         std::process::exit(2);
     }
-    if let Command::Pool(cmd_pool::PoolCmd::Events(a)) = &cli.command {
-        if a.follow {
-            if let Err(e) = cmd_pool::follow_events(a) {
-                eprintln!("tank: {}", crate::out::chain(&e));
-                std::process::exit(1);
-            }
-            return;
-        }
-    }
-    if let Command::Arcstat(a) = &cli.command {
-        if a.follows() {
-            if let Err(e) = cmd_arc::follow_arcstat(a) {
-                eprintln!("tank: {}", crate::out::chain(&e));
-                std::process::exit(1);
-            }
-            return;
-        }
-    }
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    // A password is read once, here, whether the daemon or this process uses it.
-    let secret = match cmd_account::secret_source(&argv) {
-        Some(file) => match cmd_account::read_secret(file.as_deref()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("tank: {}", crate::out::chain(&e));
-                std::process::exit(2);
-            }
-        },
-        None => None,
-    };
-    if forwarded(&cli.command) {
-        match daemon::forward(&argv, secret.clone()) {
-            Ok(Some(reply)) => {
-                out::write_out(&reply.stdout);
-                out::write_err(&reply.stderr);
-                std::process::exit(reply.code);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                eprintln!("tank: the daemon did not answer: {}", crate::out::chain(&e));
-                std::process::exit(1);
-            }
-        }
-    }
-    if let Err(e) = cmd_account::with_secret(secret, || dispatch(cli.command)) {
+    if let Err(e) = dispatch(cli.command) {
         eprintln!("tank: {}", crate::out::chain(&e));
         std::process::exit(exit_code(&e));
     }
-}
-
-/// The command line as typed, for the pool history.
-pub fn command_line() -> String {
-    if let Some(c) = out::command() {
-        return c;
-    }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    format!("tank {}", args.join(" "))
 }

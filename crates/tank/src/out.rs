@@ -1,94 +1,32 @@
-//! Command output that the daemon can capture.
+//! Command output, and paths as the user meant them.
 //!
 //! # Theory of operation
-//! Commands print through `outln!`/`out!`/`errln!` instead of `println!`. In the CLI these
-//! go to stdout and stderr. When the daemon runs a command for a client, it runs it on its
-//! own thread inside `capture`, which collects that thread's output for the reply; other
-//! threads are untouched.
+//! Commands print through `outln!`/`out!`/`errln!`: standard output flushed at each write
+//! (a long command's lines appear as they come), standard error unbuffered. Paths given on
+//! the command line are made absolute here, against this process's directory, before they
+//! go into a request: the daemon that runs it has a directory of its own.
 
-use std::cell::RefCell;
 use std::io::Write;
 
-#[derive(Debug, Default, Clone)]
-pub struct Captured {
-    pub stdout: String,
-    pub stderr: String,
-}
-
-thread_local! {
-    static CAPTURE: RefCell<Option<Captured>> = const { RefCell::new(None) };
-    static COMMAND: RefCell<Option<String>> = const { RefCell::new(None) };
-    /// The working directory of the client whose command this daemon thread runs.
-    static CLIENT_DIR: RefCell<Option<std::path::PathBuf>> = const { RefCell::new(None) };
-}
-
-/// Runs `f` with relative paths resolved against `dir`, the client's working directory (a
-/// daemon thread cannot change the process's own).
-pub fn with_client_dir<R>(dir: Option<std::path::PathBuf>, f: impl FnOnce() -> R) -> R {
-    CLIENT_DIR.with(|c| *c.borrow_mut() = dir);
-    let r = f();
-    CLIENT_DIR.with(|c| *c.borrow_mut() = None);
-    r
-}
-
-/// A path as the user meant it: a relative one against the working directory of the
-/// command's client (in the daemon) or of this process.
+/// A path as the user meant it: a relative one against this process's directory.
 pub fn resolve(path: &std::path::Path) -> std::path::PathBuf {
     if path.is_absolute() {
         return path.to_path_buf();
     }
-    let base = CLIENT_DIR
-        .with(|c| c.borrow().clone())
-        .or_else(|| std::env::current_dir().ok());
-    match base {
-        Some(b) => b.join(path),
-        None => path.to_path_buf(),
+    match std::env::current_dir() {
+        Ok(b) => b.join(path),
+        Err(_) => path.to_path_buf(),
     }
-}
-
-/// The command line a client sent, for the pool history (None in the CLI).
-pub fn command() -> Option<String> {
-    COMMAND.with(|c| c.borrow().clone())
 }
 
 pub fn write_out(s: &str) {
-    let captured = CAPTURE.with(|c| {
-        if let Some(buf) = c.borrow_mut().as_mut() {
-            buf.stdout.push_str(s);
-            true
-        } else {
-            false
-        }
-    });
-    if !captured {
-        let mut o = std::io::stdout().lock();
-        let _ = o.write_all(s.as_bytes());
-        let _ = o.flush();
-    }
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(s.as_bytes());
+    let _ = o.flush();
 }
 
 pub fn write_err(s: &str) {
-    let captured = CAPTURE.with(|c| {
-        if let Some(buf) = c.borrow_mut().as_mut() {
-            buf.stderr.push_str(s);
-            true
-        } else {
-            false
-        }
-    });
-    if !captured {
-        let _ = std::io::stderr().lock().write_all(s.as_bytes());
-    }
-}
-
-/// Runs `f` for a client's `command` with this thread's output collected.
-pub fn capture<R>(command: String, f: impl FnOnce() -> R) -> (R, Captured) {
-    CAPTURE.with(|c| *c.borrow_mut() = Some(Captured::default()));
-    COMMAND.with(|c| *c.borrow_mut() = Some(command));
-    let r = f();
-    COMMAND.with(|c| *c.borrow_mut() = None);
-    let out = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
-    (r, out)
+    let _ = std::io::stderr().lock().write_all(s.as_bytes());
 }
 
 #[macro_export]
@@ -107,23 +45,9 @@ macro_rules! errln {
     ($($t:tt)*) => { $crate::out::write_err(&format!("{}\n", format_args!($($t)*))) };
 }
 
-/// An error with its causes, as `{:#}` prints it ("outer: cause: root cause"), but a cause
-/// whose words already stand in what precedes it is left out: many errors name their
-/// source in their own message and also return it as `source()`, which `{:#}` would print
-/// twice ("cannot open: No such file or directory (os error 2): No such file or directory
-/// (os error 2)").
+/// An error with its causes, each once (`tank_service::error::chain`).
 pub fn chain(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let s = cause.to_string();
-        if text.is_empty() {
-            text = s;
-        } else if !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-    }
-    text
+    tank_service::error::chain(e)
 }
 
 #[cfg(test)]

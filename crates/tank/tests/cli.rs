@@ -1567,3 +1567,66 @@ fn the_daemon_resolves_paths_against_the_clients_directory() {
     assert!(client.join("accounts.json").is_file());
     run_here(&["debug", "label", "a0"]);
 }
+
+/// The daemon's local API is typed and strict: a line that is not JSON, a misspelt field,
+/// a wrong type, an unknown request or another API version each get a clear error of the
+/// `bad_request` kind and change nothing; the same connection then goes on serving.
+#[test]
+fn the_local_api_refuses_malformed_requests_and_changes_nothing() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = Env::new();
+    let _d = serve(&env);
+    let stream = std::os::unix::net::UnixStream::connect(env.path("data/tank.sock")).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    let mut ask = |line: &str| -> serde_json::Value {
+        writer.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let mut reply = String::new();
+        reader.read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{e}: {reply}"))
+    };
+    let refused = |v: &serde_json::Value, words: &str| {
+        assert_eq!(v["error"]["kind"], "bad_request", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(words), "expected '{words}' in: {msg}");
+    };
+    refused(&ask("this is not json"), "malformed request");
+    refused(
+        &ask(r#"{"version": 1, "request": {"op": "pool_destroy", "name": "tank", "now": true}}"#),
+        "unknown field",
+    );
+    refused(
+        &ask(r#"{"version": 1, "request": {"op": "pool_export", "name": 7}}"#),
+        "invalid type",
+    );
+    refused(
+        &ask(r#"{"version": 1, "request": {"op": "pool_explode", "name": "tank"}}"#),
+        "unknown variant",
+    );
+    refused(
+        &ask(r#"{"version": 2, "request": {"op": "pool_teleport"}}"#),
+        "API version 2",
+    );
+    refused(
+        &ask(r#"{"version": 2, "request": {"op": "hello"}}"#),
+        "API version 2",
+    );
+    // Nothing changed, and the connection still serves.
+    let hello = ask(r#"{"version": 1, "request": {"op": "hello"}}"#);
+    assert_eq!(hello["ok"]["response"]["type"], "hello", "{hello}");
+    assert_eq!(hello["ok"]["response"]["data"]["api_version"], 1, "{hello}");
+    assert_eq!(hello["ok"]["response"]["data"]["daemon"], true, "{hello}");
+    let pools = ask(r#"{"version": 1, "request": {"op": "pool_list"}}"#);
+    let list = pools["ok"]["response"]["data"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{pools}");
+    assert_eq!(list[0]["name"], "tank", "{pools}");
+    assert_eq!(list[0]["health"], "ONLINE", "{pools}");
+    // A request for something that is not there: its own kind, mapped for every client.
+    let missing = ask(r#"{"version": 1, "request": {"op": "pool_status", "name": "nosuch"}}"#);
+    assert_eq!(missing["error"]["kind"], "not_found", "{missing}");
+    let out = env.fails(&["pool", "status", "nosuch"], "no such pool");
+    assert!(out.contains("tank: cannot open 'nosuch'"), "{out}");
+}

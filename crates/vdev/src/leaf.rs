@@ -107,7 +107,7 @@ pub struct LeafStats {
     pub repaired_bytes: AtomicU64,
 }
 
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct LeafStatsSnapshot {
     pub read_errors: u64,
     pub write_errors: u64,

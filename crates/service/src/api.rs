@@ -1,0 +1,725 @@
+//! The service's typed, versioned API: every management request and its response.
+//!
+//! # Theory of operation
+//! A client sends an [`Envelope`]: the API version it speaks ([`API_VERSION`]), the
+//! [`Request`] (tagged by `op`, e.g. `{"op": "pool_status", "name": "tank"}`) and, for the
+//! pool history, the command line the user typed. The service answers with a [`Reply`]:
+//! either `{"ok": RESPONSE, "notes": [...]}` or `{"error": {"kind": ..., "message": ...}}`.
+//! Notes are what a command prints on standard error beside its result (a device that did
+//! not open, a pool imported with a problem); the kinds of error are those of
+//! [`ServiceError`], mapped once to HTTP status codes, errnos and exit codes.
+//!
+//! The same types travel over the local socket (one JSON object per line), over HTTPS, and
+//! in-process when no daemon runs; `deny_unknown_fields` makes a misspelt field an error,
+//! not a silently ignored one. A client of another major version is refused with a clear
+//! message rather than misread.
+//!
+//! Paths in requests (devices, directories) are absolute: the client resolves them against
+//! its own working directory before it sends them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use tank_dataset::{DatasetInfo, DatasetKind};
+use tank_pool::{HistoryRecord, ImportCandidate, PoolStatus};
+
+use crate::accounts::{Export, Group, User};
+use crate::error::ServiceError;
+use crate::shares::ShareInfo;
+
+/// The API version this build speaks. A change that an older client would misread bumps it.
+pub const API_VERSION: u32 = 1;
+
+/// A request as it travels.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    pub version: u32,
+    pub request: Request,
+    /// The command line the user typed, for the pool history (`tank pool history`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+/// A reply as it travels.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reply {
+    Ok {
+        response: Response,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        notes: Vec<String>,
+    },
+    Error(WireError),
+}
+
+/// An error as it travels: its kind (`not_found`, `busy`, ...) and message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WireError {
+    pub kind: String,
+    pub message: String,
+}
+
+impl From<&ServiceError> for WireError {
+    fn from(e: &ServiceError) -> Self {
+        WireError {
+            kind: e.kind().into(),
+            message: e.message().into(),
+        }
+    }
+}
+
+impl From<WireError> for ServiceError {
+    fn from(w: WireError) -> Self {
+        ServiceError::from_wire(&w.kind, w.message)
+    }
+}
+
+/// What a scrub request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrubAction {
+    Start,
+    Pause,
+    Stop,
+}
+
+/// Every management request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Who the service takes the caller for, and its versions.
+    Hello,
+
+    // Pools.
+    PoolList {
+        #[serde(default)]
+        names: Vec<String>,
+    },
+    PoolStatus {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    PoolCreate {
+        name: String,
+        /// The layout: vdev keywords and absolute device paths, as `zpool create` takes them.
+        spec: Vec<String>,
+        /// Create missing device files of this size (bytes).
+        #[serde(default)]
+        size: Option<u64>,
+        #[serde(default)]
+        force: bool,
+        #[serde(default)]
+        ashift: Option<u32>,
+    },
+    PoolImport {
+        /// None: list the pools found instead.
+        #[serde(default)]
+        name: Option<String>,
+        /// Directories to search (absolute); none: the data directory.
+        #[serde(default)]
+        dirs: Vec<PathBuf>,
+        #[serde(default)]
+        rewind: bool,
+        #[serde(default)]
+        force: bool,
+        #[serde(default)]
+        missing_log: bool,
+    },
+    PoolExport {
+        name: String,
+    },
+    PoolDestroy {
+        name: String,
+    },
+    PoolHistory {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    PoolEvents {
+        #[serde(default)]
+        name: Option<String>,
+        /// Only events with a sequence number above this.
+        #[serde(default)]
+        since: u64,
+    },
+    PoolEventsClear {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    PoolScrub {
+        name: String,
+        action: ScrubAction,
+    },
+    PoolResilver {
+        name: String,
+    },
+    PoolOffline {
+        name: String,
+        device: String,
+        #[serde(default)]
+        temporary: bool,
+    },
+    PoolOnline {
+        name: String,
+        device: String,
+    },
+    PoolClear {
+        name: String,
+        #[serde(default)]
+        device: Option<String>,
+    },
+    PoolReplace {
+        name: String,
+        old: String,
+        /// Absolute; none: the disk at the old device's place.
+        #[serde(default)]
+        new: Option<String>,
+        #[serde(default)]
+        size: Option<u64>,
+        #[serde(default)]
+        force: bool,
+    },
+    PoolAttach {
+        name: String,
+        existing: String,
+        new: String,
+        #[serde(default)]
+        size: Option<u64>,
+        #[serde(default)]
+        force: bool,
+    },
+    PoolDetach {
+        name: String,
+        device: String,
+    },
+    PoolAdd {
+        name: String,
+        spec: Vec<String>,
+        #[serde(default)]
+        size: Option<u64>,
+        #[serde(default)]
+        force: bool,
+    },
+    PoolRemove {
+        name: String,
+        devices: Vec<String>,
+    },
+    PoolGet {
+        name: String,
+    },
+    PoolSet {
+        name: String,
+        property: String,
+        value: String,
+    },
+
+    // Datasets, snapshots, clones.
+    DatasetList {
+        /// Datasets to list (and, with `recursive`, their descendants); none: every one.
+        #[serde(default)]
+        names: Vec<String>,
+        #[serde(default)]
+        recursive: bool,
+    },
+    DatasetCreate {
+        name: String,
+        kind: DatasetKind,
+        #[serde(default)]
+        props: Vec<(String, String)>,
+        #[serde(default)]
+        parents: bool,
+    },
+    DatasetSet {
+        name: String,
+        props: Vec<(String, String)>,
+    },
+    DatasetInherit {
+        name: String,
+        property: String,
+        #[serde(default)]
+        recursive: bool,
+    },
+    DatasetRename {
+        from: String,
+        to: String,
+    },
+    DatasetDestroy {
+        name: String,
+        #[serde(default)]
+        recursive: bool,
+        /// Also clones of the snapshots destroyed.
+        #[serde(default)]
+        dependents: bool,
+        /// Even while front ends hold it (they are told, and let go).
+        #[serde(default)]
+        force: bool,
+    },
+    Snapshot {
+        names: Vec<String>,
+        #[serde(default)]
+        recursive: bool,
+    },
+    Rollback {
+        snapshot: String,
+        /// Destroy the snapshots more recent than the one rolled back to.
+        #[serde(default)]
+        destroy_later: bool,
+    },
+    Clone {
+        snapshot: String,
+        target: String,
+        #[serde(default)]
+        props: Vec<(String, String)>,
+    },
+    Mount {
+        dataset: String,
+        #[serde(default)]
+        dir: Option<PathBuf>,
+    },
+    Unmount {
+        /// A mounted dataset, or its directory (absolute).
+        target: String,
+    },
+    MountList,
+
+    // Accounts.
+    UserAdd {
+        name: String,
+        #[serde(default)]
+        uid: Option<u32>,
+        #[serde(default)]
+        groups: Vec<String>,
+        #[serde(default)]
+        admin: bool,
+        #[serde(default)]
+        password: Option<String>,
+    },
+    UserPasswd {
+        name: String,
+        password: String,
+    },
+    UserSet {
+        name: String,
+        settings: Vec<(String, String)>,
+    },
+    UserList,
+    UserRemove {
+        name: String,
+    },
+    AccountsExport,
+    AccountsImport {
+        data: Export,
+    },
+    GroupAdd {
+        name: String,
+        #[serde(default)]
+        gid: Option<u32>,
+    },
+    GroupList,
+    GroupRemove {
+        name: String,
+    },
+    GroupMember {
+        group: String,
+        user: String,
+        add: bool,
+    },
+    KeyAdd {
+        user: String,
+    },
+    KeyList {
+        #[serde(default)]
+        user: Option<String>,
+    },
+    KeyRemove {
+        access_key: String,
+    },
+    TokenAdd {
+        user: String,
+    },
+    TokenList {
+        #[serde(default)]
+        user: Option<String>,
+    },
+    TokenRemove {
+        id: String,
+    },
+
+    // Shares.
+    ShareAdd {
+        protocol: String,
+        name: String,
+        dataset: String,
+        #[serde(default)]
+        options: BTreeMap<String, String>,
+    },
+    ShareList,
+    ShareSet {
+        name: String,
+        settings: Vec<(String, String)>,
+    },
+    ShareRemove {
+        name: String,
+    },
+
+    // The caches and tunables.
+    /// The ARC's counters and each open pool's L2ARC.
+    CacheStats,
+    ParamList,
+    ParamSet {
+        name: String,
+        value: String,
+    },
+
+    // Engine inspection (zdb's role).
+    DebugTree {
+        pool: String,
+        objset: u64,
+        limit: usize,
+    },
+    DebugObjectWrite {
+        pool: String,
+        objset: u64,
+        block_size: u32,
+        /// The bytes, hex-encoded.
+        data: String,
+    },
+    DebugObjectRead {
+        pool: String,
+        objset: u64,
+        id: u64,
+        offset: u64,
+        length: u64,
+    },
+    DebugObjectRemove {
+        pool: String,
+        objset: u64,
+        id: u64,
+    },
+    DebugObjectList {
+        pool: String,
+        objset: u64,
+    },
+
+    // Jobs.
+    JobList,
+    JobGet {
+        id: u64,
+    },
+}
+
+impl Request {
+    /// The request's name on the wire (`pool_status`).
+    pub fn op(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.get("op").and_then(|o| o.as_str()).map(String::from))
+            .unwrap_or_default()
+    }
+}
+
+/// One pool, as `pool list` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolSummary {
+    pub name: String,
+    pub guid: u64,
+    pub size: u64,
+    pub allocated: u64,
+    pub free: u64,
+    /// Percent of the size allocated.
+    pub capacity: u64,
+    pub health: String,
+    pub ashift: u32,
+    pub txg: u64,
+    pub usable: u64,
+}
+
+/// A pool's status with its scan and its permanent errors, as `pool status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolReport {
+    #[serde(flatten)]
+    pub status: PoolStatus,
+    pub scan: ScanReport,
+    /// Files with permanent errors, named.
+    pub errors: Vec<String>,
+    /// What the import noted (the pool was opened with a problem).
+    #[serde(default)]
+    pub import_notes: Vec<String>,
+}
+
+/// A scan (scrub or resilver) as reported, with who runs it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScanReport {
+    #[serde(flatten)]
+    pub status: tank_object::ScanStatus,
+    /// Who runs an active scan: `daemon`, or `none` when only this command's process held
+    /// the pool (it stops with it); null when no scan is active.
+    pub runner: Option<String>,
+}
+
+/// A pool property with its source.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolProp {
+    pub property: String,
+    pub value: String,
+    pub source: String,
+}
+
+/// One event of one pool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolEvent {
+    pub pool: String,
+    pub seq: u64,
+    pub time: f64,
+    pub class: String,
+    pub vdev: Option<String>,
+    pub detail: String,
+}
+
+/// A FUSE mount (or another holder's) of a dataset.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MountInfo {
+    pub dataset: String,
+    pub dir: PathBuf,
+}
+
+/// A long-running operation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Job {
+    pub id: u64,
+    /// `scrub`, `resilver`, ...
+    pub kind: String,
+    /// What it works on (a pool, a dataset).
+    pub target: String,
+    /// `running`, `paused`, `finished`, `canceled`, `failed`.
+    pub state: String,
+    /// Seconds since 1970.
+    pub started: u64,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Bytes per second, while running.
+    pub rate: f64,
+    pub eta_secs: Option<f64>,
+    /// How it ended, or what it is doing.
+    pub detail: String,
+}
+
+/// A newly made S3 access key: the secret is shown this once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NewKey {
+    pub user: String,
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+/// A newly made API token: shown this once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NewToken {
+    pub user: String,
+    pub id: String,
+    pub token: String,
+}
+
+/// Every response.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data", rename_all = "snake_case")]
+pub enum Response {
+    Hello {
+        api_version: u32,
+        version: String,
+        /// The caller's account name, if it has one.
+        caller: Option<String>,
+        admin: bool,
+        /// Whether this is the daemon (else a command's own service).
+        daemon: bool,
+    },
+    /// A change was made; the message says what, as the CLI prints it.
+    Done {
+        message: String,
+    },
+    /// A scan was started (or resumed, or found running); it runs in the background.
+    ScanStarted {
+        pool: String,
+        /// What was done before the scan started (a device back online, replaced).
+        done: Vec<String>,
+        /// Where the scan runs and how to follow it.
+        message: String,
+        job: Option<u64>,
+    },
+    Pools(Vec<PoolSummary>),
+    PoolReports(Vec<PoolReport>),
+    PoolCreated(Box<PoolStatus>),
+    PoolImported {
+        name: String,
+        state: String,
+    },
+    ImportCandidates(Vec<ImportCandidate>),
+    History(Vec<(String, Vec<HistoryRecord>)>),
+    Events(Vec<PoolEvent>),
+    PoolProps(Vec<PoolProp>),
+    Datasets(Vec<DatasetInfo>),
+    /// Datasets made (a create with parents, a clone, snapshots).
+    DatasetNames(Vec<String>),
+    /// How many datasets and snapshots a destroy removed.
+    Destroyed {
+        count: usize,
+    },
+    Mounted(MountInfo),
+    Mounts(Vec<MountInfo>),
+    User(User),
+    Users(Vec<UserEntry>),
+    Groups(Vec<Group>),
+    Key(NewKey),
+    Keys(Vec<KeyEntry>),
+    Token(NewToken),
+    Tokens(Vec<TokenEntry>),
+    Accounts(Box<Export>),
+    Share(ShareInfo),
+    Shares(Vec<ShareInfo>),
+    Jobs(Vec<Job>),
+    Job(Job),
+    CacheStats(Box<CacheReport>),
+    Params(Vec<Param>),
+    /// A text dump (engine inspection).
+    Text {
+        text: String,
+    },
+    ObjectWritten {
+        id: u64,
+        length: u64,
+    },
+    /// Bytes, hex-encoded; empty at the end of the object.
+    Bytes {
+        data: String,
+        /// The object's size.
+        size: u64,
+    },
+    Objects(Vec<tank_object::ObjectInfo>),
+}
+
+/// The ARC's counters and each pool's L2ARC (names as arcstat's).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct CacheReport {
+    pub arc: serde_json::Map<String, serde_json::Value>,
+    /// Per pool, its L2ARC.
+    pub l2arc: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
+}
+
+/// A tunable, by its ZFS module-parameter name.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Param {
+    pub name: String,
+    pub value: String,
+    pub meaning: String,
+}
+
+/// Bytes as lowercase hex.
+pub fn hex_encode(data: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(data.len() * 2);
+    for b in data {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// Hex back to bytes.
+pub fn hex_decode(s: &str) -> Result<Vec<u8>, ServiceError> {
+    let bad = || ServiceError::BadRequest("data is not hex".into());
+    if !s.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    let v = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Some(v(p[0])? << 4 | v(p[1])?))
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)
+}
+
+/// A user as listed: the account (whether it has a password, not its hash) and its
+/// groups.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UserEntry {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub admin: bool,
+    pub password: bool,
+    pub groups: Vec<String>,
+    pub created: u64,
+}
+
+/// An access key as listed (its secret is shown only when it is made).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyEntry {
+    pub access_key: String,
+    pub user: String,
+    pub created: u64,
+}
+
+/// A token as listed (its secret is not kept).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TokenEntry {
+    pub id: String,
+    pub user: String,
+    pub created: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_tagged_and_strict() {
+        let r: Request = serde_json::from_str(r#"{"op": "pool_status", "name": "tank"}"#).unwrap();
+        assert!(matches!(r, Request::PoolStatus { name: Some(ref n) } if n == "tank"));
+        assert_eq!(r.op(), "pool_status");
+        // A misspelt field is an error, not ignored.
+        let e = serde_json::from_str::<Request>(r#"{"op": "pool_status", "nmae": "tank"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+        let e = serde_json::from_str::<Request>(r#"{"op": "pool_explode"}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown variant"), "{e}");
+        let e = serde_json::from_str::<Request>(r#"{"op": "pool_export", "name": 7}"#).unwrap_err();
+        assert!(e.to_string().contains("invalid type"), "{e}");
+        let env: Envelope = serde_json::from_str(
+            r#"{"version": 1, "request": {"op": "hello"}, "command": "tank pool list"}"#,
+        )
+        .unwrap();
+        assert_eq!(env.version, API_VERSION);
+        assert!(serde_json::from_str::<Envelope>(
+            r#"{"version": 1, "request": {"op": "hello"}, "x": 1}"#
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let r = Reply::Ok {
+            response: Response::Done {
+                message: "done".into(),
+            },
+            notes: vec!["note: x".into()],
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        let back: Reply = serde_json::from_str(&s).unwrap();
+        assert!(matches!(back, Reply::Ok { notes, .. } if notes == ["note: x"]));
+        let e = ServiceError::Busy("dataset 'tank/a' is busy".into());
+        let w = serde_json::to_string(&Reply::Error(WireError::from(&e))).unwrap();
+        let Reply::Error(back) = serde_json::from_str(&w).unwrap() else {
+            panic!("{w}")
+        };
+        let e2 = ServiceError::from(back);
+        assert_eq!(e2.to_string(), e.to_string());
+        assert_eq!(e2.http_status(), 409);
+    }
+}

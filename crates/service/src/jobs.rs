@@ -1,0 +1,158 @@
+//! Long-running work as jobs: what runs, how far it got, its rate and the time left.
+//!
+//! # Theory of operation
+//! A scrub or resilver is the pool's own background work, kept on the pool (its cursor and
+//! counters in the scan state), so its job is a view: each scan a pool has run while this
+//! service held it gets a job id the first time it is seen (keyed by pool, kind and start
+//! time), and its progress is read from the pool's scan status whenever it is asked for.
+//! Other long work (a benchmark, the destroy of a big dataset) registers a [`Progress`]
+//! that its worker updates. Ids are unique for the life of the service.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tank_object::ScanPhase;
+
+use crate::api::Job;
+use crate::service::Service;
+
+/// Progress a worker reports for a job that is not a scan.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub job: Mutex<Option<Job>>,
+}
+
+enum Source {
+    /// A scan of a pool: (pool, func, start time).
+    Scan(String, String, u64),
+    Worker(Arc<Progress>),
+}
+
+#[derive(Default)]
+pub struct Jobs {
+    next: AtomicU64,
+    entries: Mutex<Vec<(u64, Source)>>,
+    scans: Mutex<HashMap<(String, String, u64), u64>>,
+}
+
+fn scan_job(id: u64, pool: &str, st: &tank_object::ScanStatus) -> Job {
+    let s = &st.state;
+    let total = s.to_examine.max(s.issued);
+    let state = match s.phase {
+        ScanPhase::Scanning if s.paused => "paused",
+        ScanPhase::Scanning if st.running => "running",
+        ScanPhase::Scanning => "waiting",
+        ScanPhase::Finished if s.errors > 0 => "failed",
+        ScanPhase::Finished => "finished",
+        ScanPhase::Canceled => "canceled",
+        ScanPhase::None => "none",
+    };
+    let detail = match s.phase {
+        ScanPhase::Finished if s.func == "resilver" => format!(
+            "resilvered {} bytes with {} errors; verified {} bytes",
+            s.rebuilt_repaired, s.errors, s.verified
+        ),
+        ScanPhase::Finished => format!("repaired {} bytes with {} errors", s.repaired, s.errors),
+        ScanPhase::Scanning if s.verifying => format!("verifying pass {}", s.verify_passes),
+        ScanPhase::Scanning => format!("{} bytes repaired so far", s.repaired),
+        _ => String::new(),
+    };
+    Job {
+        id,
+        kind: s.func.clone(),
+        target: pool.to_string(),
+        state: state.into(),
+        started: s.start_time,
+        done_bytes: s.issued,
+        total_bytes: total,
+        rate: if st.running { st.rate } else { 0.0 },
+        eta_secs: if st.running { st.eta_secs } else { None },
+        detail,
+    }
+}
+
+impl Jobs {
+    fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Registers work that reports its own progress; returns its id.
+    pub fn start(&self, progress: Arc<Progress>) -> u64 {
+        let id = self.next_id();
+        if let Some(j) = progress.job.lock().as_mut() {
+            j.id = id;
+        }
+        self.entries.lock().push((id, Source::Worker(progress)));
+        id
+    }
+
+    /// The job of the scan a pool runs or ran last (registered at first sight).
+    pub fn scan_of(&self, svc: &Service, pool: &str) -> Option<u64> {
+        let opened = svc.pools.get(pool)?;
+        let st = opened.store.scan_status();
+        if st.state.phase == ScanPhase::None {
+            return None;
+        }
+        let key = (pool.to_string(), st.state.func.clone(), st.state.start_time);
+        let mut scans = self.scans.lock();
+        if let Some(id) = scans.get(&key) {
+            return Some(*id);
+        }
+        let id = self.next_id();
+        scans.insert(key.clone(), id);
+        self.entries
+            .lock()
+            .push((id, Source::Scan(key.0, key.1, key.2)));
+        Some(id)
+    }
+
+    fn view(&self, svc: &Service, id: u64, src: &Source) -> Option<Job> {
+        match src {
+            Source::Worker(p) => p.job.lock().clone(),
+            Source::Scan(pool, func, start) => {
+                let opened = svc.pools.get(pool)?;
+                let st = opened.store.scan_status();
+                if &st.state.func == func && st.state.start_time == *start {
+                    Some(scan_job(id, pool, &st))
+                } else {
+                    // A later scan replaced it: what is known is that it ended.
+                    Some(Job {
+                        id,
+                        kind: func.clone(),
+                        target: pool.clone(),
+                        state: "replaced".into(),
+                        started: *start,
+                        done_bytes: 0,
+                        total_bytes: 0,
+                        rate: 0.0,
+                        eta_secs: None,
+                        detail: "a later scan of the pool replaced its record".into(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Every job: the scans of the open pools (registered now if new) and the others.
+    pub fn list(&self, svc: &Service) -> Vec<Job> {
+        for o in svc.pools.all() {
+            self.scan_of(svc, &o.pool.name());
+        }
+        let entries = self.entries.lock();
+        entries
+            .iter()
+            .filter_map(|(id, src)| self.view(svc, *id, src))
+            .collect()
+    }
+
+    pub fn get(&self, svc: &Service, id: u64) -> Option<Job> {
+        for o in svc.pools.all() {
+            self.scan_of(svc, &o.pool.name());
+        }
+        let entries = self.entries.lock();
+        let (_, src) = entries.iter().find(|(i, _)| *i == id)?;
+        self.view(svc, id, src)
+    }
+}

@@ -1,0 +1,373 @@
+//! The mount table: which filesystems a service serves through its local FUSE front end,
+//! and the policy around them (unmount before destroy and rollback, remount after).
+//!
+//! # Theory of operation
+//! The FUSE front end sits above this crate: the binary gives the service a [`Mounter`]
+//! that serves a dataset's shared filesystem handle at a directory and returns a
+//! [`MountedFs`] that unmounts it. The table here decides what is mounted where: at a
+//! dataset's `mountpoint` or a directory given, children after parents, deepest first when
+//! unmounting, and what to mount again after a rollback or a failed destroy. A service
+//! without a mounter (a test, a tool) refuses mount requests with a clear error.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use parking_lot::Mutex;
+use tank_dataset::posix::{DatasetHooks, Fs};
+use tank_dataset::{DatasetKind, DsHooks, Dsl};
+use tank_object::ObjectStore;
+
+use crate::api::MountInfo;
+
+/// The snapshots of one dataset, for a front end's `.tank/snapshot` directory.
+pub struct Snapshots {
+    pub dsl: Arc<Dsl>,
+    pub store: Arc<ObjectStore>,
+    pub head: u64,
+}
+
+impl Snapshots {
+    pub fn list(&self) -> Vec<String> {
+        self.dsl
+            .snapshots(self.head)
+            .into_iter()
+            .filter_map(|id| self.dsl.record(id).ok())
+            .map(|r| r.name)
+            .collect()
+    }
+
+    pub fn open(&self, name: &str) -> Option<Arc<Fs>> {
+        let full = format!("{}@{name}", self.dsl.name_of(self.head));
+        let id = self.dsl.resolve(&full).ok()?;
+        let objset = self.dsl.snapshot_objset(id).ok()?;
+        let hooks = Arc::new(DsHooks {
+            dsl: self.dsl.clone(),
+            id,
+            snapshot: true,
+        });
+        Fs::mount(self.store.clone(), objset, hooks, (0, 0)).ok()
+    }
+}
+
+/// What a mounter is asked to serve.
+pub struct MountRequest {
+    pub dataset: String,
+    pub dir: PathBuf,
+    pub fs: Arc<Fs>,
+    pub snapshots: Arc<Snapshots>,
+    /// The dataset's `sync` property (standard, always, disabled).
+    pub sync: tank_dataset::posix::SyncMode,
+}
+
+/// A front end that serves filesystems at directories (the FUSE mount).
+pub trait Mounter: Send + Sync {
+    fn mount(&self, req: MountRequest) -> Result<Box<dyn MountedFs>>;
+}
+
+/// One served filesystem.
+pub trait MountedFs: Send {
+    /// Unmounts it (refused while busy: the handle is kept).
+    fn unmount(&mut self) -> Result<()>;
+    /// Whether requests come through the kernel's io_uring queues.
+    fn io_uring(&self) -> bool {
+        false
+    }
+    /// Blocks until the filesystem is unmounted (by anyone).
+    fn wait(&mut self) -> Result<()>;
+    /// Something that unmounts it from another thread (a signal handler).
+    fn unmounter(&self) -> Box<dyn Fn() + Send>;
+}
+
+struct Mounted {
+    pool: String,
+    dataset: String,
+    id: u64,
+    dir: PathBuf,
+    handle: Box<dyn MountedFs>,
+    dsl: Arc<Dsl>,
+}
+
+/// The mounts of one service.
+#[derive(Default)]
+pub struct Mounts {
+    mounter: Mutex<Option<Arc<dyn Mounter>>>,
+    table: Mutex<Vec<Mounted>>,
+}
+
+/// The pool a dataset name belongs to.
+pub fn pool_of(name: &str) -> &str {
+    name.split(['/', '@']).next().unwrap_or(name)
+}
+
+impl Mounts {
+    pub fn set_mounter(&self, m: Arc<dyn Mounter>) {
+        *self.mounter.lock() = Some(m);
+    }
+
+    pub fn has_mounter(&self) -> bool {
+        self.mounter.lock().is_some()
+    }
+
+    pub fn list(&self) -> Vec<MountInfo> {
+        self.table
+            .lock()
+            .iter()
+            .map(|m| MountInfo {
+                dataset: m.dataset.clone(),
+                dir: m.dir.clone(),
+            })
+            .collect()
+    }
+
+    /// The directory a dataset mounts on: `dir`, else its mountpoint property.
+    fn mount_dir(dsl: &Dsl, id: u64, name: &str, dir: Option<&Path>) -> Result<PathBuf> {
+        if let Some(d) = dir {
+            return Ok(d.to_path_buf());
+        }
+        let mp = dsl.prop(id, "mountpoint")?;
+        if mp == "none" || mp == "legacy" {
+            bail!(crate::ServiceError::Invalid(format!(
+                "cannot mount '{name}': its mountpoint is '{mp}'; give a directory ('tank mount {name} DIR') or set one ('tank dataset set mountpoint=/PATH {name}')"
+            )));
+        }
+        Ok(PathBuf::from(mp))
+    }
+
+    /// Mounts a filesystem dataset of an open pool; returns where, and whether requests
+    /// come over io_uring.
+    pub fn mount(
+        &self,
+        dsl: &Arc<Dsl>,
+        store: &Arc<ObjectStore>,
+        name: &str,
+        dir: Option<&Path>,
+    ) -> Result<(PathBuf, bool)> {
+        let Some(mounter) = self.mounter.lock().clone() else {
+            bail!(crate::ServiceError::Invalid(format!(
+                "cannot mount '{name}': this service has no FUSE front end"
+            )));
+        };
+        let id = dsl.resolve(name)?;
+        let rec = dsl.record(id)?;
+        if rec.kind != DatasetKind::Filesystem {
+            bail!(crate::ServiceError::Invalid(format!(
+                "cannot mount '{name}': it is a {} (only filesystems mount; snapshots are under .tank/snapshot)",
+                rec.kind.name()
+            )));
+        }
+        let dir = Self::mount_dir(dsl, id, name, dir)?;
+        if !dir.exists() {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create mount point {}", dir.display()))?;
+        }
+        dsl.hold(id, &format!("mounted at {}", dir.display()))?;
+        let result = (|| -> Result<Box<dyn MountedFs>> {
+            let hooks = Arc::new(DsHooks {
+                dsl: dsl.clone(),
+                id,
+                snapshot: false,
+            });
+            let sync = hooks.sync_mode();
+            let fs = Fs::mount(store.clone(), dsl.objset(id)?, hooks, (0, 0))
+                .map_err(|e| anyhow::anyhow!("cannot open the filesystem of '{name}': {e}"))?;
+            let snapshots = Arc::new(Snapshots {
+                dsl: dsl.clone(),
+                store: store.clone(),
+                head: id,
+            });
+            mounter.mount(MountRequest {
+                dataset: name.to_string(),
+                dir: dir.clone(),
+                fs,
+                snapshots,
+                sync,
+            })
+        })();
+        match result {
+            Ok(handle) => {
+                let uring = handle.io_uring();
+                self.table.lock().push(Mounted {
+                    pool: pool_of(name).to_string(),
+                    dataset: name.to_string(),
+                    id,
+                    dir: dir.clone(),
+                    handle,
+                    dsl: dsl.clone(),
+                });
+                Ok((dir, uring))
+            }
+            Err(e) => {
+                dsl.release(id);
+                Err(e)
+            }
+        }
+    }
+
+    /// After a rename: the mounts of `from` and its descendants go by their new names.
+    pub fn renamed(&self, from: &str, to: &str) {
+        let below = format!("{from}/");
+        for m in self.table.lock().iter_mut() {
+            if m.dataset == from {
+                m.dataset = to.to_string();
+            } else if let Some(rest) = m.dataset.strip_prefix(&below) {
+                m.dataset = format!("{to}/{rest}");
+            }
+        }
+    }
+
+    /// Takes the mount of `target` (a dataset, or its directory) out of the table.
+    fn take(&self, target: &str) -> Option<Mounted> {
+        let mut t = self.table.lock();
+        let pos = t
+            .iter()
+            .position(|m| m.dataset == target || m.dir == Path::new(target))?;
+        Some(t.remove(pos))
+    }
+
+    /// Unmounts one mount of this table; None when `target` is not in it.
+    pub fn unmount(&self, target: &str) -> Option<Result<PathBuf>> {
+        let m = self.take(target)?;
+        Some(self.finish_all(vec![m]).map(|mut v| v.remove(0).1))
+    }
+
+    /// Unmounts every filesystem of a pool (before export or destroy).
+    pub fn unmount_pool(&self, pool: &str) -> Result<()> {
+        let gone = {
+            let mut t = self.table.lock();
+            let (gone, keep) = std::mem::take(&mut *t)
+                .into_iter()
+                .partition(|m| m.pool == pool);
+            *t = keep;
+            gone
+        };
+        self.finish_all(gone)?;
+        Ok(())
+    }
+
+    /// Unmounts `dataset` and its descendants (before destroy, rollback or rename, as zfs
+    /// does); returns what was mounted where, to remount.
+    pub fn unmount_tree(&self, dataset: &str) -> Result<Vec<(String, PathBuf)>> {
+        let below = format!("{dataset}/");
+        let gone: Vec<Mounted> = {
+            let mut t = self.table.lock();
+            let (gone, keep) = std::mem::take(&mut *t)
+                .into_iter()
+                .partition(|m| m.dataset == dataset || m.dataset.starts_with(&below));
+            *t = keep;
+            gone
+        };
+        self.finish_all(gone)
+    }
+
+    /// Unmounts deepest first (a child is mounted inside its parent's directory); on a
+    /// failure the mounts not yet undone go back in the table.
+    fn finish_all(&self, mut gone: Vec<Mounted>) -> Result<Vec<(String, PathBuf)>> {
+        gone.sort_by_key(|m| std::cmp::Reverse(m.dir.components().count()));
+        let mut out = Vec::new();
+        let mut rest = gone.into_iter();
+        while let Some(mut m) = rest.next() {
+            if let Err(e) = m.handle.unmount() {
+                let dir = m.dir.clone();
+                let mut t = self.table.lock();
+                t.push(m);
+                t.extend(rest);
+                return Err(e).with_context(|| format!("cannot unmount {}", dir.display()));
+            }
+            m.dsl.release(m.id);
+            out.push((m.dataset.clone(), m.dir.clone()));
+        }
+        Ok(out)
+    }
+
+    /// Mounts the given datasets at the given directories (or at their mountpoints when
+    /// `None`, if they have one); returns a line for each mount made or not made.
+    pub fn remount(
+        &self,
+        dsl: &Arc<Dsl>,
+        store: &Arc<ObjectStore>,
+        list: &[(String, Option<PathBuf>)],
+    ) -> Vec<String> {
+        let mut lines = Vec::new();
+        if !self.has_mounter() {
+            return lines;
+        }
+        // Parents first: a child mounts inside its parent's directory.
+        let mut list = list.to_vec();
+        list.sort_by_key(|(n, _)| n.matches('/').count());
+        for (name, dir) in &list {
+            let Ok(id) = dsl.resolve(name) else {
+                continue;
+            };
+            if dir.is_none() {
+                let mp = dsl.prop(id, "mountpoint").unwrap_or_default();
+                let is_fs = dsl
+                    .record(id)
+                    .is_ok_and(|r| r.kind == DatasetKind::Filesystem);
+                if !is_fs || mp == "none" || mp == "legacy" || mp.is_empty() {
+                    continue;
+                }
+            }
+            match self.mount(dsl, store, name, dir.as_deref()) {
+                Ok((d, _)) => lines.push(format!("mounted {name} at {}", d.display())),
+                Err(e) => lines.push(format!(
+                    "warning: cannot mount {name}: {}",
+                    crate::error::chain(&e)
+                )),
+            }
+        }
+        lines
+    }
+
+    /// Unmounts everything; returns what could not be unmounted.
+    pub fn unmount_all(&self) -> Vec<String> {
+        let mut all = std::mem::take(&mut *self.table.lock());
+        all.sort_by_key(|m| std::cmp::Reverse(m.dir.components().count()));
+        let mut problems = Vec::new();
+        for mut m in all {
+            let r = m.handle.unmount();
+            m.dsl.release(m.id);
+            if let Err(e) = r {
+                problems.push(format!(
+                    "{}: cannot unmount {}: {}",
+                    m.dataset,
+                    m.dir.display(),
+                    crate::error::chain(&e)
+                ));
+            }
+        }
+        problems
+    }
+
+    /// Takes away every filesystem of a pool at once: unmounted if nothing is open on it,
+    /// else detached (gone from the namespace now, its session ending with the last open
+    /// file). For an interrupted benchmark, not for user pools.
+    pub fn detach_pool(&self, pool: &str) {
+        let gone: Vec<Mounted> = {
+            let mut t = self.table.lock();
+            let (gone, keep) = std::mem::take(&mut *t)
+                .into_iter()
+                .partition(|m| m.pool == pool);
+            *t = keep;
+            gone
+        };
+        for m in gone {
+            m.dsl.release(m.id);
+            drop(m.handle);
+        }
+    }
+
+    /// Serves the mount of `dataset` until it is unmounted (by anyone, or by a signal
+    /// through the returned unmounter), then takes it out of the table: a foreground
+    /// `tank mount` without a daemon.
+    pub fn wait(&self, dataset: &str, on_start: impl FnOnce(Box<dyn Fn() + Send>)) -> Result<()> {
+        let Some(mut m) = self.take(dataset) else {
+            bail!("'{dataset}' is not mounted");
+        };
+        on_start(m.handle.unmounter());
+        let waited = m.handle.wait();
+        m.dsl.release(m.id);
+        let _ = m.handle.unmount();
+        waited
+    }
+}

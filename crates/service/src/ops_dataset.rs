@@ -1,0 +1,279 @@
+//! Dataset requests: list, create, set, inherit, rename, destroy, snapshot, rollback,
+//! clone, mount and unmount (the zfs vocabulary).
+//!
+//! # Theory of operation
+//! Each request runs one dataset-directory task on the pool its dataset names, under the
+//! pool's lock when it changes something, and logs the change in the pool history. The
+//! policy around mounted filesystems lives here, as zfs has it: a rollback unmounts the
+//! filesystem and mounts it again after; a destroy unmounts what it destroys and mounts it
+//! again if the destroy fails; a new filesystem (create, clone) is mounted at its
+//! mountpoint by the daemon. Listings return the datasets with every property's value and
+//! source; the client picks and formats the columns.
+
+use std::path::PathBuf;
+
+use tank_dataset::{DatasetKind, Dsl, Op};
+
+use crate::api::{MountInfo, Request, Response};
+use crate::error::ServiceError;
+use crate::mounts::pool_of;
+use crate::pools::Opened;
+use crate::service::{Ctx, Res, Service};
+
+impl Service {
+    /// Runs `f` on the pool that `name` belongs to, under its lock, logging the command in
+    /// the pool history when it succeeds.
+    fn on_pool<T>(
+        &self,
+        ctx: &mut Ctx,
+        name: &str,
+        f: impl FnOnce(&Opened, &mut Ctx) -> anyhow::Result<T>,
+    ) -> Res<T> {
+        let lock = self.pool_lock(name);
+        let _l = lock.lock();
+        let o = self.open_pool(pool_of(name), ctx)?;
+        let r = f(&o, ctx)?;
+        o.pool.log_history(&ctx.command);
+        Ok(r)
+    }
+
+    /// Mounts new filesystems at their mountpoints (the daemon only: a command's own
+    /// service mounts nothing that would end with it).
+    fn mount_new(&self, o: &Opened, ctx: &mut Ctx, names: Vec<String>) {
+        if !self.is_daemon() {
+            return;
+        }
+        let list: Vec<(String, Option<PathBuf>)> = names.into_iter().map(|n| (n, None)).collect();
+        for line in self.mounts.remount(&o.dsl, &o.store, &list) {
+            ctx.note(line);
+        }
+    }
+
+    pub(crate) fn dataset_request(&self, ctx: &mut Ctx, req: Request) -> Res<Response> {
+        use Request as R;
+        match req {
+            R::DatasetList { names, recursive } => {
+                let pools: Vec<String> = if names.is_empty() {
+                    self.pool_names()?
+                } else {
+                    let mut p: Vec<String> = names.iter().map(|n| pool_of(n).to_string()).collect();
+                    p.dedup();
+                    p
+                };
+                let mut out = Vec::new();
+                for pool in pools {
+                    let o = self.open_pool(&pool, ctx)?;
+                    let wanted: Vec<&String> =
+                        names.iter().filter(|n| pool_of(n) == pool).collect();
+                    let ids: Vec<u64> = if wanted.is_empty() {
+                        o.dsl.all_ids()
+                    } else {
+                        let mut ids = Vec::new();
+                        for n in wanted {
+                            let id = o.dsl.resolve(n).map_err(anyhow::Error::from)?;
+                            if recursive {
+                                ids.extend(o.dsl.subtree(id));
+                            } else {
+                                ids.push(id);
+                            }
+                        }
+                        ids
+                    };
+                    for id in ids {
+                        out.push(o.dsl.info(id).map_err(anyhow::Error::from)?);
+                    }
+                }
+                Ok(Response::Datasets(out))
+            }
+            R::DatasetCreate {
+                name,
+                kind,
+                props,
+                parents,
+            } => {
+                if kind == DatasetKind::Snapshot {
+                    return Err(ServiceError::Invalid(
+                        "a snapshot is taken with the snapshot request, not created".into(),
+                    ));
+                }
+                let (o, names) = self.on_pool(ctx, &name, |o, _| {
+                    let created = o.dsl.run(Op::Create {
+                        name: name.clone(),
+                        kind,
+                        props,
+                        parents,
+                    })?;
+                    let names: Vec<String> = created.iter().map(|id| o.dsl.name_of(*id)).collect();
+                    Ok((o.clone(), names))
+                })?;
+                self.mount_new(&o, ctx, names.clone());
+                Ok(Response::DatasetNames(names))
+            }
+            R::DatasetSet { name, props } => self.on_pool(ctx, &name, |o, _| {
+                o.dsl.run(Op::SetProps {
+                    name: name.clone(),
+                    props: props.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+                })?;
+                Ok(Response::Done {
+                    message: format!("set properties of '{name}'"),
+                })
+            }),
+            R::DatasetInherit {
+                name,
+                property,
+                recursive,
+            } => self.on_pool(ctx, &name, |o, _| {
+                let d: &Dsl = &o.dsl;
+                let root = d.resolve(&name)?;
+                let targets = if recursive {
+                    d.subtree(root)
+                } else {
+                    vec![root]
+                };
+                for id in targets {
+                    let rec = d.record(id)?;
+                    if rec.kind == DatasetKind::Snapshot
+                        || (id != root && !rec.props.contains_key(&property))
+                    {
+                        continue;
+                    }
+                    d.run(Op::SetProps {
+                        name: d.name_of(id),
+                        props: vec![(property.clone(), None)],
+                    })?;
+                }
+                Ok(Response::Done {
+                    message: format!("'{property}' of '{name}' is inherited"),
+                })
+            }),
+            R::DatasetRename { from, to } => {
+                if pool_of(&to) != pool_of(&from) {
+                    return Err(ServiceError::Invalid(format!(
+                        "cannot rename '{from}' to '{to}': datasets cannot move to another pool"
+                    )));
+                }
+                self.on_pool(ctx, &from, |o, _| {
+                    o.dsl.run(Op::Rename {
+                        from: from.clone(),
+                        to: to.clone(),
+                    })?;
+                    self.mounts.renamed(&from, &to);
+                    Ok(Response::Done {
+                        message: format!("renamed '{from}' to '{to}'"),
+                    })
+                })
+            }
+            R::DatasetDestroy {
+                name,
+                recursive,
+                dependents,
+                force: _,
+            } => self.on_pool(ctx, &name, |o, _| {
+                let was = if name.contains('@') {
+                    Vec::new()
+                } else {
+                    self.mounts.unmount_tree(&name)?
+                };
+                let result = o.dsl.run(Op::Destroy {
+                    name: name.clone(),
+                    recursive: recursive || dependents,
+                    dependents,
+                });
+                match result {
+                    Ok(gone) => Ok(Response::Destroyed { count: gone.len() }),
+                    Err(e) => {
+                        let back: Vec<_> = was.into_iter().map(|(n, d)| (n, Some(d))).collect();
+                        self.mounts.remount(&o.dsl, &o.store, &back);
+                        Err(e.into())
+                    }
+                }
+            }),
+            R::Snapshot { names, recursive } => {
+                let Some(first) = names.first() else {
+                    return Err(ServiceError::Invalid("no snapshot named".into()));
+                };
+                let pool = pool_of(first).to_string();
+                if let Some(other) = names.iter().find(|n| pool_of(n) != pool) {
+                    return Err(ServiceError::Invalid(format!(
+                        "cannot snapshot '{other}': all snapshots of one command must be in one pool"
+                    )));
+                }
+                self.on_pool(ctx, &pool, |o, _| {
+                    o.dsl.run(Op::Snapshot {
+                        names: names.clone(),
+                        recursive,
+                    })?;
+                    Ok(Response::DatasetNames(names))
+                })
+            }
+            R::Rollback {
+                snapshot,
+                destroy_later,
+            } => self.on_pool(ctx, &snapshot, |o, ctx| {
+                let dataset = snapshot.split('@').next().unwrap_or_default();
+                // As zfs: the filesystem is unmounted for the rollback and mounted again.
+                let was: Vec<_> = self
+                    .mounts
+                    .unmount_tree(dataset)?
+                    .into_iter()
+                    .map(|(n, d)| (n, Some(d)))
+                    .collect();
+                let result = o.dsl.run(Op::Rollback {
+                    snapshot: snapshot.clone(),
+                    destroy_later,
+                });
+                for line in self.mounts.remount(&o.dsl, &o.store, &was) {
+                    ctx.note(line);
+                }
+                result?;
+                Ok(Response::Done {
+                    message: format!("rolled '{dataset}' back to '{snapshot}'"),
+                })
+            }),
+            R::Clone {
+                snapshot,
+                target,
+                props,
+            } => {
+                if pool_of(&target) != pool_of(&snapshot) {
+                    return Err(ServiceError::Invalid(format!(
+                        "cannot clone '{snapshot}' to '{target}': a clone stays in its snapshot's pool"
+                    )));
+                }
+                let o = self.on_pool(ctx, &snapshot, |o, _| {
+                    o.dsl.run(Op::Clone {
+                        snapshot: snapshot.clone(),
+                        target: target.clone(),
+                        props,
+                    })?;
+                    Ok(o.clone())
+                })?;
+                self.mount_new(&o, ctx, vec![target.clone()]);
+                Ok(Response::DatasetNames(vec![target]))
+            }
+            R::Mount { dataset, dir } => {
+                let o = self.open_pool(pool_of(&dataset), ctx)?;
+                let (dir, uring) = self
+                    .mounts
+                    .mount(&o.dsl, &o.store, &dataset, dir.as_deref())?;
+                if uring {
+                    ctx.note("requests come over io_uring");
+                }
+                Ok(Response::Mounted(MountInfo { dataset, dir }))
+            }
+            R::Unmount { target } => match self.mounts.unmount(&target) {
+                Some(r) => {
+                    let dir = r?;
+                    Ok(Response::Done {
+                        message: format!("unmounted {}", dir.display()),
+                    })
+                }
+                None => Err(ServiceError::NotFound(format!(
+                    "cannot unmount '{target}': this service has not mounted it"
+                ))),
+            },
+            R::MountList => Ok(Response::Mounts(self.mounts.list())),
+            _ => unreachable!("not a dataset request"),
+        }
+    }
+}

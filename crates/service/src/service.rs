@@ -1,0 +1,325 @@
+//! The service: the running state above the datasets, and the one entry point every front
+//! end calls.
+//!
+//! # Theory of operation
+//! A [`Service`] owns what a running tank holds: the open pools ([`Pools`]), the mount
+//! table and its FUSE front end ([`Mounts`]), the share registry, the account store, and
+//! the long-running jobs. There are no process globals: the daemon makes one service for
+//! its life; a command run without a daemon makes one for the command and closes it after
+//! (its pools synced and closed, its scans stopped with their cursors kept).
+//!
+//! [`Service::handle`] takes the caller (found by the front end: SO_PEERCRED on the local
+//! socket, a session or token over HTTPS) and a typed [`Request`]; it authorizes the
+//! request for that caller ([`Service::access`]), runs it, and returns a typed
+//! [`Response`] or a [`ServiceError`]. Notes for the user (warnings beside a result) are
+//! collected in a [`Ctx`] and travel with the reply. A change is logged in the pool's
+//! history with the command line the client sent, or the request's name.
+//!
+//! Requests that change one pool run one at a time on that pool (a per-pool lock), so two
+//! destroys, or a create during a destroy, see each other's result rather than half of it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::accounts::Accounts;
+use crate::api::{Request, Response, API_VERSION};
+use crate::caller::{authorize, Access, Caller};
+use crate::error::ServiceError;
+use crate::jobs::Jobs;
+use crate::mounts::{pool_of, Mounts};
+use crate::pools::{Opened, PoolCache, Pools};
+use crate::shares::Registry;
+
+pub type Res<T> = Result<T, ServiceError>;
+
+/// Where a service runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The daemon: pools, mounts and scans outlive each request.
+    Daemon,
+    /// One command without a daemon: everything ends when the command does.
+    Command,
+}
+
+/// One request's context: who asks, what they typed, and the notes for them.
+pub struct Ctx<'a> {
+    pub caller: &'a Caller,
+    /// The command line for the pool history.
+    pub command: String,
+    pub notes: Vec<String>,
+}
+
+impl Ctx<'_> {
+    pub fn note(&mut self, s: impl Into<String>) {
+        self.notes.push(s.into());
+    }
+}
+
+pub struct Service {
+    data_dir: PathBuf,
+    mode: Mode,
+    pub(crate) pools: Pools,
+    pub mounts: Mounts,
+    pub shares: Registry,
+    accounts: OnceLock<Accounts>,
+    pub jobs: Jobs,
+    /// One lock per pool name for requests that change it.
+    pool_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl Service {
+    pub fn new(data_dir: &Path, mode: Mode) -> Self {
+        Service {
+            data_dir: data_dir.to_path_buf(),
+            mode,
+            pools: Pools::default(),
+            mounts: Mounts::default(),
+            shares: Registry::new(),
+            accounts: OnceLock::new(),
+            jobs: Jobs::default(),
+            pool_locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn is_daemon(&self) -> bool {
+        self.mode == Mode::Daemon
+    }
+
+    /// The account store, opened at first use (`DATA_DIR/accounts.redb`, mode 0600).
+    pub fn accounts(&self) -> Res<&Accounts> {
+        if let Some(a) = self.accounts.get() {
+            return Ok(a);
+        }
+        let a = Accounts::open(&self.data_dir.join("accounts.redb"))?;
+        Ok(self.accounts.get_or_init(|| a))
+    }
+
+    /// The caller on the local socket whose peer has `uid`.
+    pub fn local_caller(&self, uid: u32) -> Res<Caller> {
+        if uid == 0 {
+            return Ok(Caller::Admin {
+                name: "root".into(),
+            });
+        }
+        Caller::local(self.accounts()?, uid)
+    }
+
+    /// The names of the imported pools (the cache file's).
+    pub fn pool_names(&self) -> Res<Vec<String>> {
+        Ok(PoolCache::load(&self.data_dir)?.names())
+    }
+
+    /// Opens (or finds open) a pool by name.
+    pub fn open_pool(&self, name: &str, ctx: &mut Ctx) -> Res<Opened> {
+        Ok(self.pools.open(&self.data_dir, name, &mut ctx.notes)?)
+    }
+
+    /// Opens (or finds open) a pool by name for a tool of this process (the daemon's start,
+    /// `tank demo`); returns what the import noted beside it.
+    pub fn open(&self, name: &str) -> Res<(Opened, Vec<String>)> {
+        let mut notes = Vec::new();
+        let o = self.pools.open(&self.data_dir, name, &mut notes)?;
+        Ok((o, notes))
+    }
+
+    /// Every pool this service holds open.
+    pub fn open_pools(&self) -> Vec<Opened> {
+        self.pools.all()
+    }
+
+    /// Opens every imported pool (for requests that span them: shares, a full listing).
+    pub fn open_all(&self, ctx: &mut Ctx) -> Res<Vec<Opened>> {
+        self.pool_names()?
+            .iter()
+            .map(|n| self.open_pool(n, ctx))
+            .collect()
+    }
+
+    /// Keeps a newly created or imported pool open.
+    pub fn adopt(&self, opened: Opened) {
+        self.pools.adopt(opened);
+    }
+
+    pub(crate) fn pool_lock(&self, name: &str) -> Arc<Mutex<()>> {
+        self.pool_locks
+            .lock()
+            .entry(pool_of(name).to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// What a request needs of its caller.
+    pub fn access(&self, req: &Request) -> Access {
+        use Request as R;
+        let owner_of = |id: &str| -> Option<String> {
+            let a = self.accounts().ok()?;
+            a.key(id)
+                .ok()
+                .flatten()
+                .map(|k| k.user)
+                .or_else(|| a.token(id).ok().flatten().map(|t| t.user))
+        };
+        match req {
+            R::Hello
+            | R::PoolList { .. }
+            | R::PoolStatus { .. }
+            | R::PoolHistory { .. }
+            | R::PoolEvents { .. }
+            | R::PoolGet { .. }
+            | R::DatasetList { .. }
+            | R::MountList
+            | R::ShareList
+            | R::JobList
+            | R::JobGet { .. }
+            | R::CacheStats
+            | R::ParamList => Access::Read,
+            R::UserPasswd { name, .. } => Access::Account(name.clone()),
+            R::KeyAdd { user } | R::TokenAdd { user } => Access::Account(user.clone()),
+            R::KeyList { user: Some(u) } | R::TokenList { user: Some(u) } => {
+                Access::Account(u.clone())
+            }
+            R::KeyRemove { access_key: id } | R::TokenRemove { id } => match owner_of(id) {
+                Some(owner) => Access::Account(owner),
+                None => Access::Admin,
+            },
+            _ => Access::Admin,
+        }
+    }
+
+    /// The one entry point: authorizes `req` for `caller`, runs it, and returns its
+    /// response with the notes for the user. `command` is what the user typed (for the
+    /// pool history), if the request came from a command line.
+    pub fn handle(
+        &self,
+        caller: &Caller,
+        req: Request,
+        command: Option<String>,
+    ) -> (Res<Response>, Vec<String>) {
+        let mut ctx = Ctx {
+            caller,
+            command: command.unwrap_or_else(|| format!("api {} ({})", req.op(), who(caller))),
+            notes: Vec::new(),
+        };
+        let r = authorize(caller, &self.access(&req)).and_then(|()| self.dispatch(&mut ctx, req));
+        (r, ctx.notes)
+    }
+
+    fn dispatch(&self, ctx: &mut Ctx, req: Request) -> Res<Response> {
+        use Request as R;
+        match req {
+            R::Hello => Ok(Response::Hello {
+                api_version: API_VERSION,
+                version: env!("CARGO_PKG_VERSION").into(),
+                caller: ctx.caller.name().map(String::from),
+                admin: ctx.caller.is_admin(),
+                daemon: self.is_daemon(),
+            }),
+            R::PoolList { .. }
+            | R::PoolStatus { .. }
+            | R::PoolCreate { .. }
+            | R::PoolImport { .. }
+            | R::PoolExport { .. }
+            | R::PoolDestroy { .. }
+            | R::PoolHistory { .. }
+            | R::PoolEvents { .. }
+            | R::PoolEventsClear { .. }
+            | R::PoolScrub { .. }
+            | R::PoolResilver { .. }
+            | R::PoolOffline { .. }
+            | R::PoolOnline { .. }
+            | R::PoolClear { .. }
+            | R::PoolReplace { .. }
+            | R::PoolAttach { .. }
+            | R::PoolDetach { .. }
+            | R::PoolAdd { .. }
+            | R::PoolRemove { .. }
+            | R::PoolGet { .. }
+            | R::PoolSet { .. } => self.pool_request(ctx, req),
+            R::DatasetList { .. }
+            | R::DatasetCreate { .. }
+            | R::DatasetSet { .. }
+            | R::DatasetInherit { .. }
+            | R::DatasetRename { .. }
+            | R::DatasetDestroy { .. }
+            | R::Snapshot { .. }
+            | R::Rollback { .. }
+            | R::Clone { .. }
+            | R::Mount { .. }
+            | R::Unmount { .. }
+            | R::MountList => self.dataset_request(ctx, req),
+            R::UserAdd { .. }
+            | R::UserPasswd { .. }
+            | R::UserSet { .. }
+            | R::UserList
+            | R::UserRemove { .. }
+            | R::AccountsExport
+            | R::AccountsImport { .. }
+            | R::GroupAdd { .. }
+            | R::GroupList
+            | R::GroupRemove { .. }
+            | R::GroupMember { .. }
+            | R::KeyAdd { .. }
+            | R::KeyList { .. }
+            | R::KeyRemove { .. }
+            | R::TokenAdd { .. }
+            | R::TokenList { .. }
+            | R::TokenRemove { .. } => self.account_request(ctx, req),
+            R::ShareAdd { .. } | R::ShareList | R::ShareSet { .. } | R::ShareRemove { .. } => {
+                self.share_request(ctx, req)
+            }
+            R::CacheStats
+            | R::ParamList
+            | R::ParamSet { .. }
+            | R::DebugTree { .. }
+            | R::DebugObjectWrite { .. }
+            | R::DebugObjectRead { .. }
+            | R::DebugObjectRemove { .. }
+            | R::DebugObjectList { .. } => self.engine_request(ctx, req),
+            R::JobList => Ok(Response::Jobs(self.jobs.list(self))),
+            R::JobGet { id } => self
+                .jobs
+                .get(self, id)
+                .map(Response::Job)
+                .ok_or_else(|| ServiceError::NotFound(format!("no such job {id}"))),
+        }
+    }
+
+    /// Stops the service: unmounts every filesystem and closes every pool. The daemon
+    /// exports them (they stay in the cache file, so the next start imports them again);
+    /// a command's service syncs and closes them. Returns what went wrong, one line each.
+    pub fn shutdown(&self, export: bool) -> Vec<String> {
+        let mut problems = self.mounts.unmount_all();
+        for opened in self.pools.all() {
+            let name = opened.pool.name();
+            let r = if export {
+                opened.pool.log_history("tank serve (stop: export)");
+                opened.pool.export()
+            } else {
+                opened.pool.shutdown()
+            };
+            if let Err(e) = r {
+                problems.push(format!("cannot close '{name}': {e}"));
+            }
+            self.pools.forget(&name);
+        }
+        problems
+    }
+}
+
+fn who(caller: &Caller) -> String {
+    match caller {
+        Caller::Admin { name } | Caller::User { name, .. } => name.clone(),
+        Caller::Anonymous => "anonymous".into(),
+    }
+}
