@@ -28,6 +28,7 @@ pub mod accounts;
 pub mod api;
 pub mod caller;
 pub mod error;
+pub mod handles;
 pub mod jobs;
 pub mod mounts;
 mod ops_account;

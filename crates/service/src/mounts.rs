@@ -19,6 +19,7 @@ use tank_dataset::{DatasetKind, DsHooks, Dsl};
 use tank_object::ObjectStore;
 
 use crate::api::MountInfo;
+use crate::handles::{DatasetEvent, Handles, Hold, Holder};
 
 /// The snapshots of one dataset, for a front end's `.tank/snapshot` directory.
 pub struct Snapshots {
@@ -82,10 +83,18 @@ pub trait MountedFs: Send {
 struct Mounted {
     pool: String,
     dataset: String,
-    id: u64,
     dir: PathBuf,
     handle: Box<dyn MountedFs>,
-    dsl: Arc<Dsl>,
+    /// The mount's share of the dataset's handle (dropped after the unmount).
+    hold: Hold,
+}
+
+/// A FUSE mount as a holder of its dataset: the service's policy unmounts it before a
+/// rollback or destroy and mounts it again after, so the events need nothing more of it.
+struct MountHolder;
+
+impl Holder for MountHolder {
+    fn notify(&self, _event: &DatasetEvent) {}
 }
 
 /// The mounts of one service.
@@ -93,6 +102,7 @@ struct Mounted {
 pub struct Mounts {
     mounter: Mutex<Option<Arc<dyn Mounter>>>,
     table: Mutex<Vec<Mounted>>,
+    handles: Arc<Handles>,
 }
 
 /// The pool a dataset name belongs to.
@@ -101,6 +111,11 @@ pub fn pool_of(name: &str) -> &str {
 }
 
 impl Mounts {
+    /// The dataset handles the mounts hold (the service's).
+    pub fn handles(&self) -> &Arc<Handles> {
+        &self.handles
+    }
+
     pub fn set_mounter(&self, m: Arc<dyn Mounter>) {
         *self.mounter.lock() = Some(m);
     }
@@ -161,47 +176,46 @@ impl Mounts {
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create mount point {}", dir.display()))?;
         }
-        dsl.hold(id, &format!("mounted at {}", dir.display()))?;
-        let result = (|| -> Result<Box<dyn MountedFs>> {
-            let hooks = Arc::new(DsHooks {
-                dsl: dsl.clone(),
-                id,
-                snapshot: false,
-            });
-            let sync = hooks.sync_mode();
-            let fs = Fs::mount(store.clone(), dsl.objset(id)?, hooks, (0, 0))
-                .map_err(|e| anyhow::anyhow!("cannot open the filesystem of '{name}': {e}"))?;
-            let snapshots = Arc::new(Snapshots {
-                dsl: dsl.clone(),
-                store: store.clone(),
-                head: id,
-            });
-            mounter.mount(MountRequest {
-                dataset: name.to_string(),
-                dir: dir.clone(),
-                fs,
-                snapshots,
-                sync,
-            })
-        })();
-        match result {
-            Ok(handle) => {
-                let uring = handle.io_uring();
-                self.table.lock().push(Mounted {
-                    pool: pool_of(name).to_string(),
-                    dataset: name.to_string(),
-                    id,
-                    dir: dir.clone(),
-                    handle,
-                    dsl: dsl.clone(),
-                });
-                Ok((dir, uring))
-            }
-            Err(e) => {
-                dsl.release(id);
-                Err(e)
-            }
+        let hold = self.handles.hold(
+            dsl,
+            store,
+            name,
+            &format!("mounted at {}", dir.display()),
+            Arc::new(MountHolder),
+        )?;
+        let Some(fs) = hold.fs() else {
+            bail!(crate::ServiceError::Busy(format!(
+                "cannot mount '{name}': it is being rolled back"
+            )));
+        };
+        let sync = DsHooks {
+            dsl: dsl.clone(),
+            id,
+            snapshot: false,
         }
+        .sync_mode();
+        let snapshots = Arc::new(Snapshots {
+            dsl: dsl.clone(),
+            store: store.clone(),
+            head: id,
+        });
+        // On failure the hold is dropped, and the dataset is free again.
+        let handle = mounter.mount(MountRequest {
+            dataset: name.to_string(),
+            dir: dir.clone(),
+            fs,
+            snapshots,
+            sync,
+        })?;
+        let uring = handle.io_uring();
+        self.table.lock().push(Mounted {
+            pool: pool_of(name).to_string(),
+            dataset: name.to_string(),
+            dir: dir.clone(),
+            handle,
+            hold,
+        });
+        Ok((dir, uring))
     }
 
     /// After a rename: the mounts of `from` and its descendants go by their new names.
@@ -274,8 +288,8 @@ impl Mounts {
                 t.extend(rest);
                 return Err(e).with_context(|| format!("cannot unmount {}", dir.display()));
             }
-            m.dsl.release(m.id);
             out.push((m.dataset.clone(), m.dir.clone()));
+            drop(m.hold);
         }
         Ok(out)
     }
@@ -326,7 +340,6 @@ impl Mounts {
         let mut problems = Vec::new();
         for mut m in all {
             let r = m.handle.unmount();
-            m.dsl.release(m.id);
             if let Err(e) = r {
                 problems.push(format!(
                     "{}: cannot unmount {}: {}",
@@ -352,8 +365,8 @@ impl Mounts {
             gone
         };
         for m in gone {
-            m.dsl.release(m.id);
             drop(m.handle);
+            drop(m.hold);
         }
     }
 
@@ -366,8 +379,8 @@ impl Mounts {
         };
         on_start(m.handle.unmounter());
         let waited = m.handle.wait();
-        m.dsl.release(m.id);
         let _ = m.handle.unmount();
+        drop(m.hold);
         waited
     }
 }

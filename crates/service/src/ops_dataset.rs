@@ -110,10 +110,14 @@ impl Service {
                 Ok(Response::DatasetNames(names))
             }
             R::DatasetSet { name, props } => self.on_pool(ctx, &name, |o, _| {
+                let names: Vec<String> = props.iter().map(|(k, _)| k.clone()).collect();
                 o.dsl.run(Op::SetProps {
                     name: name.clone(),
                     props: props.into_iter().map(|(k, v)| (k, Some(v))).collect(),
                 })?;
+                if let Ok(id) = o.dsl.resolve(&name) {
+                    self.mounts.handles().properties_changed(&o.dsl, id, names);
+                }
                 Ok(Response::Done {
                     message: format!("set properties of '{name}'"),
                 })
@@ -141,6 +145,9 @@ impl Service {
                         name: d.name_of(id),
                         props: vec![(property.clone(), None)],
                     })?;
+                    self.mounts
+                        .handles()
+                        .properties_changed(d, id, vec![property.clone()]);
                 }
                 Ok(Response::Done {
                     message: format!("'{property}' of '{name}' is inherited"),
@@ -158,6 +165,9 @@ impl Service {
                         to: to.clone(),
                     })?;
                     self.mounts.renamed(&from, &to);
+                    self.mounts
+                        .handles()
+                        .renamed(&o.dsl.pool_name(), &from, &to);
                     Ok(Response::Done {
                         message: format!("renamed '{from}' to '{to}'"),
                     })
@@ -167,24 +177,35 @@ impl Service {
                 name,
                 recursive,
                 dependents,
-                force: _,
+                force,
             } => self.on_pool(ctx, &name, |o, _| {
                 let was = if name.contains('@') {
                     Vec::new()
                 } else {
                     self.mounts.unmount_tree(&name)?
                 };
-                let result = o.dsl.run(Op::Destroy {
-                    name: name.clone(),
-                    recursive: recursive || dependents,
-                    dependents,
+                // Other front ends that serve it: refused unless forced, as zfs destroy
+                // refuses a busy dataset.
+                let result = if name.contains('@') {
+                    Ok(())
+                } else {
+                    self.mounts
+                        .handles()
+                        .before_destroy(&o.dsl.pool_name(), &name, force)
+                };
+                let result = result.map_err(anyhow::Error::from).and_then(|()| {
+                    Ok(o.dsl.run(Op::Destroy {
+                        name: name.clone(),
+                        recursive: recursive || dependents,
+                        dependents,
+                    })?)
                 });
                 match result {
                     Ok(gone) => Ok(Response::Destroyed { count: gone.len() }),
                     Err(e) => {
                         let back: Vec<_> = was.into_iter().map(|(n, d)| (n, Some(d))).collect();
                         self.mounts.remount(&o.dsl, &o.store, &back);
-                        Err(e.into())
+                        Err(e)
                     }
                 }
             }),
@@ -218,10 +239,19 @@ impl Service {
                     .into_iter()
                     .map(|(n, d)| (n, Some(d)))
                     .collect();
-                let result = o.dsl.run(Op::Rollback {
-                    snapshot: snapshot.clone(),
-                    destroy_later,
-                });
+                // Every other front end that holds it lets go while it is rolled back.
+                let id = o.dsl.resolve(dataset)?;
+                let result = self.mounts.handles().suspended(
+                    &o.dsl,
+                    id,
+                    &format!("rollback to {snapshot}"),
+                    || {
+                        o.dsl.run(Op::Rollback {
+                            snapshot: snapshot.clone(),
+                            destroy_later,
+                        })
+                    },
+                )?;
                 for line in self.mounts.remount(&o.dsl, &o.store, &was) {
                     ctx.note(line);
                 }

@@ -133,6 +133,21 @@ impl Service {
         Ok((o, notes))
     }
 
+    /// Holds the filesystem dataset `name` for a front end (`what` says which, e.g. "nfs
+    /// export x"); `holder` is told of renames, rollbacks, property changes and a forced
+    /// destroy. Every holder of a dataset shares one open filesystem.
+    pub fn hold(
+        &self,
+        name: &str,
+        what: &str,
+        holder: Arc<dyn crate::handles::Holder>,
+    ) -> Res<crate::handles::Hold> {
+        let (o, _) = self.open(pool_of(name))?;
+        self.mounts
+            .handles()
+            .hold(&o.dsl, &o.store, name, what, holder)
+    }
+
     /// Every pool this service holds open.
     pub fn open_pools(&self) -> Vec<Opened> {
         self.pools.all()

@@ -1,0 +1,339 @@
+//! Shared dataset handles: one open filesystem per dataset, held by any number of front ends
+//! at once, and told of every change to it.
+//!
+//! # Theory of operation
+//! A front end that serves a filesystem dataset (the FUSE mount now; S3, NFS and SMB next)
+//! asks the service for a [`Hold`] on it. The first hold opens the dataset's POSIX layer
+//! once (`Fs`, with its one namespace lock) and marks the dataset in use in the dataset
+//! directory; later holds share that same `Fs`, so every front end sees one namespace and
+//! one cache. Dropping the last hold closes the handle and the dataset is free again.
+//!
+//! Every holder gives a [`Holder`], the subscriber seam, and is told of what happens to the
+//! dataset ([`DatasetEvent`]):
+//! - a rename: `Renamed` after it is committed (the handle goes by the new name);
+//! - a rollback: `Suspending` before it, when every holder must let go of the filesystem
+//!   (`Hold::fs` answers `None` meanwhile), then `Resumed` once the rolled-back filesystem
+//!   is open in its place;
+//! - a property change: `PropertiesChanged` with the names;
+//! - a destroy: refused with `busy` while a hold exists, as `zfs destroy` refuses a busy
+//!   dataset; a forced destroy first tells every holder `Destroying`, closes the handle and
+//!   then destroys.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
+use tank_dataset::posix::Fs;
+use tank_dataset::{DatasetKind, DsHooks, Dsl};
+use tank_object::ObjectStore;
+
+use crate::error::ServiceError;
+
+type Res<T> = Result<T, ServiceError>;
+
+/// What happened to a held dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetEvent {
+    /// The dataset was renamed (committed).
+    Renamed { from: String, to: String },
+    /// A rollback is about to replace the filesystem: drop every reference to it now.
+    Suspending { why: String },
+    /// The rollback is done; `Hold::fs` is the rolled-back filesystem.
+    Resumed,
+    /// Properties were set or inherited (committed).
+    PropertiesChanged { names: Vec<String> },
+    /// A forced destroy: stop serving the dataset; the handle closes after this.
+    Destroying,
+}
+
+/// A front end (or a test double) that holds a dataset and is told what happens to it.
+pub trait Holder: Send + Sync {
+    fn notify(&self, event: &DatasetEvent);
+}
+
+struct HolderEntry {
+    id: u64,
+    what: String,
+    holder: Arc<dyn Holder>,
+}
+
+/// One open filesystem dataset, shared by its holders.
+pub struct DatasetHandle {
+    pool: String,
+    id: u64,
+    name: Mutex<String>,
+    dsl: Arc<Dsl>,
+    store: Arc<ObjectStore>,
+    fs: RwLock<Option<Arc<Fs>>>,
+    holders: Mutex<Vec<HolderEntry>>,
+}
+
+impl DatasetHandle {
+    /// The dataset's name now.
+    pub fn name(&self) -> String {
+        self.name.lock().clone()
+    }
+
+    /// The filesystem; `None` while a rollback replaces it or after a forced destroy.
+    pub fn fs(&self) -> Option<Arc<Fs>> {
+        self.fs.read().clone()
+    }
+
+    /// What holds it, as `dsl` shows it when it refuses a change.
+    pub fn holders(&self) -> Vec<String> {
+        self.holders.lock().iter().map(|h| h.what.clone()).collect()
+    }
+
+    fn open_fs(&self) -> Res<Arc<Fs>> {
+        let hooks = Arc::new(DsHooks {
+            dsl: self.dsl.clone(),
+            id: self.id,
+            snapshot: false,
+        });
+        let objset = self
+            .dsl
+            .objset(self.id)
+            .map_err(|e| ServiceError::from_anyhow(&e.into()))?;
+        Fs::mount(self.store.clone(), objset, hooks, (0, 0)).map_err(|e| {
+            ServiceError::Failed(format!(
+                "cannot open the filesystem of '{}': {e}",
+                self.name()
+            ))
+        })
+    }
+
+    /// Marks the dataset in use in the dataset directory with its holders' names.
+    fn mark(&self) {
+        let what = self.holders().join(", ");
+        self.dsl.release(self.id);
+        let _ = self.dsl.hold(self.id, &format!("in use by {what}"));
+    }
+
+    fn notify(&self, event: &DatasetEvent) {
+        let holders: Vec<Arc<dyn Holder>> = self
+            .holders
+            .lock()
+            .iter()
+            .map(|h| h.holder.clone())
+            .collect();
+        for h in holders {
+            h.notify(event);
+        }
+    }
+}
+
+type Key = (String, u64);
+
+/// The open handles of one service.
+#[derive(Default)]
+pub struct Handles {
+    map: Mutex<HashMap<Key, Arc<DatasetHandle>>>,
+    next: AtomicU64,
+}
+
+/// One holder's share of a dataset handle; dropping it lets go.
+pub struct Hold {
+    handle: Arc<DatasetHandle>,
+    id: u64,
+    handles: Weak<Handles>,
+}
+
+impl Hold {
+    pub fn handle(&self) -> &Arc<DatasetHandle> {
+        &self.handle
+    }
+
+    /// The shared filesystem (`None` while a rollback replaces it).
+    pub fn fs(&self) -> Option<Arc<Fs>> {
+        self.handle.fs()
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let h = &self.handle;
+        let last = {
+            let mut holders = h.holders.lock();
+            holders.retain(|e| e.id != self.id);
+            holders.is_empty()
+        };
+        if last {
+            if let Some(handles) = self.handles.upgrade() {
+                handles.close(h);
+            } else {
+                h.fs.write().take();
+                h.dsl.release(h.id);
+            }
+        } else {
+            h.mark();
+        }
+    }
+}
+
+impl Handles {
+    /// Holds the filesystem dataset `name` of an open pool for `what` (a description such
+    /// as "mounted at /mnt/x" or "nfs export x"), telling `holder` of its changes.
+    pub fn hold(
+        self: &Arc<Self>,
+        dsl: &Arc<Dsl>,
+        store: &Arc<ObjectStore>,
+        name: &str,
+        what: &str,
+        holder: Arc<dyn Holder>,
+    ) -> Res<Hold> {
+        let id = dsl
+            .resolve(name)
+            .map_err(|e| ServiceError::from_anyhow(&e.into()))?;
+        let rec = dsl
+            .record(id)
+            .map_err(|e| ServiceError::from_anyhow(&e.into()))?;
+        if rec.kind != DatasetKind::Filesystem {
+            return Err(ServiceError::Invalid(format!(
+                "cannot serve '{name}': it is a {}, not a filesystem",
+                rec.kind.name()
+            )));
+        }
+        let key = (dsl.pool_name(), id);
+        let mut map = self.map.lock();
+        let handle = match map.get(&key) {
+            Some(h) => h.clone(),
+            None => {
+                // The first holder: the dataset must be free (not held by another kind of
+                // user, nor being rolled back).
+                if let Some(w) = dsl.held(id) {
+                    return Err(ServiceError::Busy(format!("dataset '{name}' is busy: {w}")));
+                }
+                let h = Arc::new(DatasetHandle {
+                    pool: key.0.clone(),
+                    id,
+                    name: Mutex::new(name.to_string()),
+                    dsl: dsl.clone(),
+                    store: store.clone(),
+                    fs: RwLock::new(None),
+                    holders: Mutex::new(Vec::new()),
+                });
+                let fs = h.open_fs()?;
+                *h.fs.write() = Some(fs);
+                map.insert(key, h.clone());
+                h
+            }
+        };
+        let hid = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        handle.holders.lock().push(HolderEntry {
+            id: hid,
+            what: what.to_string(),
+            holder,
+        });
+        handle.mark();
+        Ok(Hold {
+            handle,
+            id: hid,
+            handles: Arc::downgrade(self),
+        })
+    }
+
+    fn close(&self, h: &Arc<DatasetHandle>) {
+        let mut map = self.map.lock();
+        // A new holder may have come between the last drop and this lock.
+        if !h.holders.lock().is_empty() {
+            return;
+        }
+        map.remove(&(h.pool.clone(), h.id));
+        h.fs.write().take();
+        h.dsl.release(h.id);
+    }
+
+    /// The open handle of a dataset, if any.
+    pub fn get(&self, dsl: &Dsl, id: u64) -> Option<Arc<DatasetHandle>> {
+        self.map.lock().get(&(dsl.pool_name(), id)).cloned()
+    }
+
+    /// The open handles of `name` and its descendants in a pool.
+    pub fn under(&self, pool: &str, name: &str) -> Vec<Arc<DatasetHandle>> {
+        let below = format!("{name}/");
+        self.map
+            .lock()
+            .values()
+            .filter(|h| h.pool == pool && (h.name() == name || h.name().starts_with(&below)))
+            .cloned()
+            .collect()
+    }
+
+    /// After a committed rename: handles go by their new names and their holders are told.
+    pub fn renamed(&self, pool: &str, from: &str, to: &str) {
+        for h in self.under(pool, from) {
+            let old = h.name();
+            let new = if old == from {
+                to.to_string()
+            } else {
+                format!("{to}{}", &old[from.len()..])
+            };
+            *h.name.lock() = new.clone();
+            h.notify(&DatasetEvent::Renamed { from: old, to: new });
+        }
+    }
+
+    /// After committed property changes.
+    pub fn properties_changed(&self, dsl: &Dsl, id: u64, names: Vec<String>) {
+        if let Some(h) = self.get(dsl, id) {
+            h.notify(&DatasetEvent::PropertiesChanged { names });
+        }
+    }
+
+    /// Runs `f` (a rollback) with the dataset's handle suspended: holders are told and let
+    /// go, the filesystem is closed and the dataset freed; afterwards the filesystem is
+    /// opened again (rolled back or not, as `f` did) and the holders are told.
+    pub fn suspended<T>(&self, dsl: &Dsl, id: u64, why: &str, f: impl FnOnce() -> T) -> Res<T> {
+        let Some(h) = self.get(dsl, id) else {
+            return Ok(f());
+        };
+        h.notify(&DatasetEvent::Suspending {
+            why: why.to_string(),
+        });
+        h.fs.write().take();
+        dsl.release(id);
+        let r = f();
+        let reopened = h.open_fs();
+        match reopened {
+            Ok(fs) => {
+                *h.fs.write() = Some(fs);
+                h.mark();
+                h.notify(&DatasetEvent::Resumed);
+                Ok(r)
+            }
+            Err(e) => {
+                h.mark();
+                Err(e)
+            }
+        }
+    }
+
+    /// Before a destroy of `name` (and its descendants): refused while held, unless
+    /// `force`, which tells the holders and closes the handles.
+    pub fn before_destroy(&self, pool: &str, name: &str, force: bool) -> Res<()> {
+        let held = self.under(pool, name);
+        if held.is_empty() {
+            return Ok(());
+        }
+        if !force {
+            let what: Vec<String> = held
+                .iter()
+                .map(|h| format!("'{}' ({})", h.name(), h.holders().join(", ")))
+                .collect();
+            return Err(ServiceError::Busy(format!(
+                "cannot destroy '{name}': in use by front ends: {}; force it to stop them",
+                what.join("; ")
+            )));
+        }
+        for h in held {
+            h.notify(&DatasetEvent::Destroying);
+            let mut map = self.map.lock();
+            map.remove(&(h.pool.clone(), h.id));
+            h.fs.write().take();
+            h.holders.lock().clear();
+            h.dsl.release(h.id);
+        }
+        Ok(())
+    }
+}

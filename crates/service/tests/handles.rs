@@ -1,0 +1,216 @@
+//! Datasets shared by many front ends: one open filesystem per dataset, held by several
+//! holders at once, each told of renames, rollbacks, property changes and a forced destroy.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tank_dataset::posix::{Cred, ROOT_INO};
+use tank_service::api::{Request, Response};
+use tank_service::handles::{DatasetEvent, Hold, Holder};
+use tank_service::{Caller, Mode, Service, ServiceError};
+
+/// A front end double: records what it is told, and lets go of the filesystem when asked.
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<DatasetEvent>>,
+}
+
+impl Holder for Recorder {
+    fn notify(&self, event: &DatasetEvent) {
+        self.events.lock().push(event.clone());
+    }
+}
+
+fn admin() -> Caller {
+    Caller::Admin {
+        name: "root".into(),
+    }
+}
+
+fn ok(svc: &Service, req: Request) -> Response {
+    let op = req.op();
+    svc.handle(&admin(), req, None)
+        .0
+        .unwrap_or_else(|e| panic!("{op}: {e}"))
+}
+
+fn read_file(hold: &Hold, name: &str) -> Vec<u8> {
+    let fs = hold.fs().expect("the filesystem is open");
+    let a = fs
+        .lookup(&Cred::root(), ROOT_INO, OsStr::new(name))
+        .unwrap();
+    fs.read(a.ino, 0, 1 << 20).unwrap()
+}
+
+#[test]
+fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Service::new(&dir.path().join("data"), Mode::Command);
+    let devs: Vec<String> = (0..2)
+        .map(|i| {
+            dir.path()
+                .join(format!("d{i}"))
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let mut spec = vec!["mirror".to_string()];
+    spec.extend(devs);
+    ok(
+        &svc,
+        Request::PoolCreate {
+            name: "p".into(),
+            spec,
+            size: Some(256 << 20),
+            force: false,
+            ashift: None,
+        },
+    );
+    ok(
+        &svc,
+        Request::DatasetCreate {
+            name: "p/share".into(),
+            kind: tank_dataset::DatasetKind::Filesystem,
+            props: vec![],
+            parents: false,
+        },
+    );
+
+    // Two front ends hold the same dataset: one filesystem, one namespace.
+    let (nfs, smb) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+    let a = svc
+        .hold("p/share", "nfs export share", nfs.clone())
+        .unwrap();
+    let b = svc.hold("p/share", "smb share share", smb.clone()).unwrap();
+    assert!(Arc::ptr_eq(&a.fs().unwrap(), &b.fs().unwrap()));
+    let fs = a.fs().unwrap();
+    let f = fs
+        .create(
+            &Cred::root(),
+            ROOT_INO,
+            OsStr::new("doc"),
+            0o644,
+            libc::O_RDWR,
+        )
+        .unwrap();
+    fs.write(&Cred::root(), f.ino, 0, b"first draft", false)
+        .unwrap();
+    fs.release(f.ino).unwrap();
+    drop(fs);
+    // What one front end wrote, the other reads at once.
+    assert_eq!(read_file(&b, "doc"), b"first draft");
+    ok(
+        &svc,
+        Request::Snapshot {
+            names: vec!["p/share@before".into()],
+            recursive: false,
+        },
+    );
+    let fs = b.fs().unwrap();
+    let f = fs
+        .lookup(&Cred::root(), ROOT_INO, OsStr::new("doc"))
+        .unwrap();
+    fs.open(&Cred::root(), f.ino, libc::O_RDWR).unwrap();
+    fs.write(&Cred::root(), f.ino, 0, b"second", false).unwrap();
+    fs.release(f.ino).unwrap();
+    drop(fs);
+    assert_eq!(read_file(&a, "doc"), b"seconddraft");
+
+    // A third party renames it: both holders are told, and the handle goes by the new name.
+    ok(
+        &svc,
+        Request::DatasetRename {
+            from: "p/share".into(),
+            to: "p/shared".into(),
+        },
+    );
+    let renamed = DatasetEvent::Renamed {
+        from: "p/share".into(),
+        to: "p/shared".into(),
+    };
+    assert_eq!(nfs.events.lock().last(), Some(&renamed));
+    assert_eq!(smb.events.lock().last(), Some(&renamed));
+    assert_eq!(a.handle().name(), "p/shared");
+
+    // A property change reaches both.
+    ok(
+        &svc,
+        Request::DatasetSet {
+            name: "p/shared".into(),
+            props: vec![("atime".into(), "off".into())],
+        },
+    );
+    let props = DatasetEvent::PropertiesChanged {
+        names: vec!["atime".into()],
+    };
+    assert_eq!(nfs.events.lock().last(), Some(&props));
+
+    // And rolls it back: both are told before and after, and both then read the rolled
+    // back filesystem through their holds.
+    ok(
+        &svc,
+        Request::Rollback {
+            snapshot: "p/shared@before".into(),
+            destroy_later: false,
+        },
+    );
+    for r in [&nfs, &smb] {
+        let ev = r.events.lock();
+        let n = ev.len();
+        assert!(
+            matches!(&ev[n - 2], DatasetEvent::Suspending { why } if why.contains("rollback")),
+            "{ev:?}"
+        );
+        assert_eq!(ev[n - 1], DatasetEvent::Resumed);
+    }
+    assert_eq!(read_file(&a, "doc"), b"first draft");
+    assert_eq!(read_file(&b, "doc"), b"first draft");
+    assert!(Arc::ptr_eq(&a.fs().unwrap(), &b.fs().unwrap()));
+
+    // Destroy while held: refused, naming who holds it; nothing changed.
+    let e = svc
+        .handle(
+            &admin(),
+            Request::DatasetDestroy {
+                name: "p/shared".into(),
+                recursive: true,
+                dependents: false,
+                force: false,
+            },
+            None,
+        )
+        .0
+        .unwrap_err();
+    assert!(matches!(e, ServiceError::Busy(_)), "{e}");
+    assert!(e.to_string().contains("nfs export share"), "{e}");
+    assert_eq!(e.http_status(), 409);
+    assert_eq!(read_file(&a, "doc"), b"first draft");
+
+    // One holder lets go; the other still serves; forced, the destroy tells it and goes on.
+    drop(b);
+    assert_eq!(read_file(&a, "doc"), b"first draft");
+    ok(
+        &svc,
+        Request::DatasetDestroy {
+            name: "p/shared".into(),
+            recursive: true,
+            dependents: false,
+            force: true,
+        },
+    );
+    assert_eq!(nfs.events.lock().last(), Some(&DatasetEvent::Destroying));
+    assert!(a.fs().is_none());
+    drop(a);
+    let Response::Datasets(left) = ok(
+        &svc,
+        Request::DatasetList {
+            names: vec![],
+            recursive: true,
+        },
+    ) else {
+        panic!()
+    };
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(svc.shutdown(false).is_empty());
+}
