@@ -305,6 +305,8 @@ pub struct IntentLog {
     writer: Mutex<()>,
     /// Entries written (for the tests' and benchmarks' counters).
     entries: AtomicU64,
+    /// How long each commit took, from its first write to its flush.
+    pub latency: tank_vdev::LatencyHistogram,
 }
 
 /// The size class of a block holding `bytes` of entries.
@@ -333,6 +335,7 @@ impl IntentLog {
             state: Mutex::new(st),
             writer: Mutex::new(()),
             entries: AtomicU64::new(0),
+            latency: Default::default(),
         }
     }
 
@@ -514,6 +517,7 @@ impl IntentLog {
         top: &dyn Fn(u32) -> Option<Arc<TopVdev>>,
     ) -> Result<(), LogError> {
         let _w = self.writer.lock();
+        let started = std::time::Instant::now();
         let (ring, vdev) = {
             let mut st = self.state.lock();
             if st.broken {
@@ -637,6 +641,7 @@ impl IntentLog {
         }
         let mut st = self.state.lock();
         st.stats.commits += 1;
+        self.latency.record(started.elapsed());
         self.entries.fetch_add(n as u64, Ordering::Relaxed);
         Ok(())
     }

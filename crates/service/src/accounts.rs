@@ -54,7 +54,7 @@ const ACCESS_KEY_LEN: usize = 20;
 const SECRET_KEY_LEN: usize = 40;
 
 /// A local user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct User {
     pub name: String,
     pub uid: u32,
@@ -84,7 +84,7 @@ impl User {
 }
 
 /// A local group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Group {
     pub name: String,
     pub gid: u32,
@@ -93,7 +93,7 @@ pub struct Group {
 }
 
 /// An S3 access key of a user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AccessKey {
     pub access_key: String,
     pub secret_key: String,
@@ -102,7 +102,7 @@ pub struct AccessKey {
 }
 
 /// An API token of a user (its secret is not kept).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Token {
     pub id: String,
     /// SHA-256 of the secret part, hex.

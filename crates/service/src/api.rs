@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tank_dataset::{DatasetInfo, DatasetKind};
 use tank_pool::{HistoryRecord, ImportCandidate, PoolStatus};
+use utoipa::ToSchema;
 
 use crate::accounts::{Export, Group, User};
 use crate::error::ServiceError;
@@ -32,7 +33,7 @@ use crate::shares::ShareInfo;
 pub const API_VERSION: u32 = 1;
 
 /// A request as it travels.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Envelope {
     pub version: u32,
@@ -43,7 +44,7 @@ pub struct Envelope {
 }
 
 /// A reply as it travels.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Reply {
     Ok {
@@ -55,7 +56,7 @@ pub enum Reply {
 }
 
 /// An error as it travels: its kind (`not_found`, `busy`, ...) and message.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct WireError {
     pub kind: String,
     pub message: String,
@@ -77,7 +78,7 @@ impl From<WireError> for ServiceError {
 }
 
 /// What a scrub request does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ScrubAction {
     Start,
@@ -86,7 +87,7 @@ pub enum ScrubAction {
 }
 
 /// Every management request.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// Who the service takes the caller for, and its versions.
@@ -119,6 +120,7 @@ pub enum Request {
         name: Option<String>,
         /// Directories to search (absolute); none: the data directory.
         #[serde(default)]
+        #[schema(value_type = Vec<String>)]
         dirs: Vec<PathBuf>,
         #[serde(default)]
         rewind: bool,
@@ -225,14 +227,17 @@ pub enum Request {
     },
     DatasetCreate {
         name: String,
+        #[schema(value_type = String)]
         kind: DatasetKind,
         #[serde(default)]
+        #[schema(value_type = Vec<Vec<String>>)]
         props: Vec<(String, String)>,
         #[serde(default)]
         parents: bool,
     },
     DatasetSet {
         name: String,
+        #[schema(value_type = Vec<Vec<String>>)]
         props: Vec<(String, String)>,
     },
     DatasetInherit {
@@ -271,11 +276,13 @@ pub enum Request {
         snapshot: String,
         target: String,
         #[serde(default)]
+        #[schema(value_type = Vec<Vec<String>>)]
         props: Vec<(String, String)>,
     },
     Mount {
         dataset: String,
         #[serde(default)]
+        #[schema(value_type = Option<String>)]
         dir: Option<PathBuf>,
     },
     Unmount {
@@ -302,6 +309,7 @@ pub enum Request {
     },
     UserSet {
         name: String,
+        #[schema(value_type = Vec<Vec<String>>)]
         settings: Vec<(String, String)>,
     },
     UserList,
@@ -310,6 +318,7 @@ pub enum Request {
     },
     AccountsExport,
     AccountsImport {
+        #[schema(value_type = Object)]
         data: Export,
     },
     GroupAdd {
@@ -358,6 +367,7 @@ pub enum Request {
     ShareList,
     ShareSet {
         name: String,
+        #[schema(value_type = Vec<Vec<String>>)]
         settings: Vec<(String, String)>,
     },
     ShareRemove {
@@ -421,7 +431,7 @@ impl Request {
 }
 
 /// One pool, as `pool list` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct PoolSummary {
     pub name: String,
     pub guid: u64,
@@ -437,9 +447,10 @@ pub struct PoolSummary {
 }
 
 /// A pool's status with its scan and its permanent errors, as `pool status` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct PoolReport {
     #[serde(flatten)]
+    #[schema(value_type = Object)]
     pub status: PoolStatus,
     pub scan: ScanReport,
     /// Files with permanent errors, named.
@@ -450,9 +461,10 @@ pub struct PoolReport {
 }
 
 /// A scan (scrub or resilver) as reported, with who runs it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ScanReport {
     #[serde(flatten)]
+    #[schema(value_type = Object)]
     pub status: tank_object::ScanStatus,
     /// Who runs an active scan: `daemon`, or `none` when only this command's process held
     /// the pool (it stops with it); null when no scan is active.
@@ -460,7 +472,7 @@ pub struct ScanReport {
 }
 
 /// A pool property with its source.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct PoolProp {
     pub property: String,
     pub value: String,
@@ -468,7 +480,7 @@ pub struct PoolProp {
 }
 
 /// One event of one pool.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct PoolEvent {
     pub pool: String,
     pub seq: u64,
@@ -479,14 +491,15 @@ pub struct PoolEvent {
 }
 
 /// A FUSE mount (or another holder's) of a dataset.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct MountInfo {
     pub dataset: String,
+    #[schema(value_type = String)]
     pub dir: PathBuf,
 }
 
 /// A long-running operation.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Job {
     pub id: u64,
     /// `scrub`, `resilver`, ...
@@ -507,7 +520,7 @@ pub struct Job {
 }
 
 /// A newly made S3 access key: the secret is shown this once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct NewKey {
     pub user: String,
     pub access_key: String,
@@ -515,7 +528,7 @@ pub struct NewKey {
 }
 
 /// A newly made API token: shown this once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct NewToken {
     pub user: String,
     pub id: String,
@@ -523,7 +536,7 @@ pub struct NewToken {
 }
 
 /// Every response.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", content = "data", rename_all = "snake_case")]
 pub enum Response {
     Hello {
@@ -550,16 +563,29 @@ pub enum Response {
     },
     Pools(Vec<PoolSummary>),
     PoolReports(Vec<PoolReport>),
-    PoolCreated(Box<PoolStatus>),
+    PoolCreated {
+        #[schema(value_type = Object)]
+        status: Box<PoolStatus>,
+    },
     PoolImported {
         name: String,
         state: String,
     },
-    ImportCandidates(Vec<ImportCandidate>),
-    History(Vec<(String, Vec<HistoryRecord>)>),
+    ImportCandidates {
+        #[schema(value_type = Vec<Object>)]
+        pools: Vec<ImportCandidate>,
+    },
+    History {
+        /// Per pool: (name, its records).
+        #[schema(value_type = Vec<Object>)]
+        pools: Vec<(String, Vec<HistoryRecord>)>,
+    },
     Events(Vec<PoolEvent>),
     PoolProps(Vec<PoolProp>),
-    Datasets(Vec<DatasetInfo>),
+    Datasets {
+        #[schema(value_type = Vec<Object>)]
+        datasets: Vec<DatasetInfo>,
+    },
     /// Datasets made (a create with parents, a clone, snapshots).
     DatasetNames(Vec<String>),
     /// How many datasets and snapshots a destroy removed.
@@ -575,7 +601,10 @@ pub enum Response {
     Keys(Vec<KeyEntry>),
     Token(NewToken),
     Tokens(Vec<TokenEntry>),
-    Accounts(Box<Export>),
+    Accounts {
+        #[schema(value_type = Object)]
+        accounts: Box<Export>,
+    },
     Share(ShareInfo),
     Shares(Vec<ShareInfo>),
     Jobs(Vec<Job>),
@@ -596,19 +625,24 @@ pub enum Response {
         /// The object's size.
         size: u64,
     },
-    Objects(Vec<tank_object::ObjectInfo>),
+    Objects {
+        #[schema(value_type = Vec<Object>)]
+        objects: Vec<tank_object::ObjectInfo>,
+    },
 }
 
 /// The ARC's counters and each pool's L2ARC (names as arcstat's).
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default, ToSchema)]
 pub struct CacheReport {
+    #[schema(value_type = Object)]
     pub arc: serde_json::Map<String, serde_json::Value>,
     /// Per pool, its L2ARC.
+    #[schema(value_type = Vec<Object>)]
     pub l2arc: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
 }
 
 /// A tunable, by its ZFS module-parameter name.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct Param {
     pub name: String,
     pub value: String,
@@ -647,7 +681,7 @@ pub fn hex_decode(s: &str) -> Result<Vec<u8>, ServiceError> {
 
 /// A user as listed: the account (whether it has a password, not its hash) and its
 /// groups.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct UserEntry {
     pub name: String,
     pub uid: u32,
@@ -659,7 +693,7 @@ pub struct UserEntry {
 }
 
 /// An access key as listed (its secret is shown only when it is made).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct KeyEntry {
     pub access_key: String,
     pub user: String,
@@ -667,7 +701,7 @@ pub struct KeyEntry {
 }
 
 /// A token as listed (its secret is not kept).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct TokenEntry {
     pub id: String,
     pub user: String,

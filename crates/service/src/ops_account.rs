@@ -84,7 +84,9 @@ impl Service {
                     message: format!("removed user '{name}' (its keys and tokens are revoked)"),
                 })
             }
-            R::AccountsExport => Ok(Response::Accounts(Box::new(a.export()?))),
+            R::AccountsExport => Ok(Response::Accounts {
+                accounts: Box::new(a.export()?),
+            }),
             R::AccountsImport { data } => {
                 a.import(&data)?;
                 Ok(Response::Done {

@@ -83,7 +83,7 @@ impl Service {
                         out.push(o.dsl.info(id).map_err(anyhow::Error::from)?);
                     }
                 }
-                Ok(Response::Datasets(out))
+                Ok(Response::Datasets { datasets: out })
             }
             R::DatasetCreate {
                 name,

@@ -271,7 +271,7 @@ impl Service {
                     }
                     Ok(infos)
                 })()?;
-                Ok(Response::Objects(infos))
+                Ok(Response::Objects { objects: infos })
             }
             _ => unreachable!("not an engine request"),
         }

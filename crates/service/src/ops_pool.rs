@@ -49,7 +49,7 @@ impl Service {
                     let o = self.open_pool(&n, ctx)?;
                     out.push((n, o.pool.history().map_err(anyhow::Error::from)?));
                 }
-                Ok(Response::History(out))
+                Ok(Response::History { pools: out })
             }
             R::PoolEvents { name, since } => {
                 let mut all = Vec::new();
@@ -539,7 +539,9 @@ impl Service {
             ctx.note(format!("warning: {w}"));
         }
         self.register(&pool, ctx)?;
-        Ok(Response::PoolCreated(Box::new(pool.status())))
+        Ok(Response::PoolCreated {
+            status: Box::new(pool.status()),
+        })
     }
 
     fn pool_import(
@@ -563,7 +565,7 @@ impl Service {
                 .into_iter()
                 .filter(|c| cache.find(&c.guid.to_string()).is_none())
                 .collect();
-            return Ok(Response::ImportCandidates(found));
+            return Ok(Response::ImportCandidates { pools: found });
         };
         let lock = self.pool_lock(&name);
         let _l = lock.lock();

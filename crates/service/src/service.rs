@@ -101,6 +101,12 @@ impl Service {
         if let Some(a) = self.accounts.get() {
             return Ok(a);
         }
+        std::fs::create_dir_all(&self.data_dir).map_err(|e| {
+            ServiceError::Store(format!(
+                "cannot create the data directory {}: {e}",
+                self.data_dir.display()
+            ))
+        })?;
         let a = Accounts::open(&self.data_dir.join("accounts.redb"))?;
         Ok(self.accounts.get_or_init(|| a))
     }

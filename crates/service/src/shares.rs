@@ -37,7 +37,7 @@ type Res<T> = Result<T, ServiceError>;
 pub const PROTOCOLS: [&str; 4] = ["smb", "nfs", "s3", "iscsi"];
 
 /// A share as listed: where it lives and what it is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ShareInfo {
     pub protocol: String,
     pub name: String,

@@ -37,7 +37,7 @@ fn requests_run_and_every_family_is_authorized() {
     )
     .unwrap()
     {
-        Response::PoolCreated(st) => st,
+        Response::PoolCreated { status: st } => st,
         r => panic!("{r:?}"),
     };
     assert_eq!(st.state, "ONLINE");
@@ -59,7 +59,7 @@ fn requests_run_and_every_family_is_authorized() {
         },
     )
     .unwrap();
-    let Response::Datasets(list) = run(
+    let Response::Datasets { datasets: list } = run(
         &admin(),
         Request::DatasetList {
             names: vec!["p".into()],
@@ -216,7 +216,7 @@ fn requests_run_and_every_family_is_authorized() {
     }
     // Nothing the refusals touched changed: the dataset, its snapshot and bob's key are
     // there.
-    let Response::Datasets(after) = run(
+    let Response::Datasets { datasets: after } = run(
         &admin(),
         Request::DatasetList {
             names: vec!["p".into()],

@@ -202,7 +202,7 @@ fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
     assert_eq!(nfs.events.lock().last(), Some(&DatasetEvent::Destroying));
     assert!(a.fs().is_none());
     drop(a);
-    let Response::Datasets(left) = ok(
+    let Response::Datasets { datasets: left } = ok(
         &svc,
         Request::DatasetList {
             names: vec![],

@@ -259,7 +259,7 @@ pub fn run_user(c: UserCmd) -> Result<()> {
         UserCmd::Export(f) => {
             let file = crate::out::resolve(&f.file);
             let data = match call(Request::AccountsExport)? {
-                Response::Accounts(a) => a,
+                Response::Accounts { accounts } => accounts,
                 r => return Err(unexpected(r)),
             };
             write_private(&file, &serde_json::to_vec_pretty(&data)?)?;

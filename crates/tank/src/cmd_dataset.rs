@@ -289,7 +289,7 @@ fn wanted_types(spec: &str) -> Result<Vec<DatasetKind>> {
 
 fn datasets(c: &Client, names: Vec<String>, recursive: bool) -> Result<Vec<DatasetInfo>> {
     match c.call(Request::DatasetList { names, recursive })? {
-        Response::Datasets(d) => Ok(d),
+        Response::Datasets { datasets } => Ok(datasets),
         r => Err(unexpected(r)),
     }
 }

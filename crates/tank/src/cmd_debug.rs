@@ -249,7 +249,7 @@ fn object(cmd: ObjectCmd) -> Result<()> {
         }
         ObjectCmd::List { pool, objset, json } => {
             let infos = match call(Request::DebugObjectList { pool, objset })? {
-                Response::Objects(o) => o,
+                Response::Objects { objects } => objects,
                 r => return Err(unexpected(r)),
             };
             if json {

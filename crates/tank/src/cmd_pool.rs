@@ -531,7 +531,7 @@ fn create(c: &Client, a: CreateArgs) -> Result<()> {
         force: a.force,
         ashift,
     })? {
-        Response::PoolCreated(st) => st,
+        Response::PoolCreated { status: st } => st,
         r => return Err(unexpected(r)),
     };
     if a.json {
@@ -995,7 +995,7 @@ fn import(c: &Client, a: ImportArgs) -> Result<()> {
         Response::PoolImported { name, state } => {
             outln!("imported pool '{name}' ({state})");
         }
-        Response::ImportCandidates(found) => {
+        Response::ImportCandidates { pools: found } => {
             if a.json {
                 outln!("{}", serde_json::to_string_pretty(&found)?);
             } else if found.is_empty() {
@@ -1150,7 +1150,7 @@ fn iostat(c: &Client, a: IostatArgs) -> Result<()> {
 
 fn history(c: &Client, a: HistoryArgs) -> Result<()> {
     let all = match c.call(Request::PoolHistory { name: a.name })? {
-        Response::History(h) => h,
+        Response::History { pools } => pools,
         r => return Err(unexpected(r)),
     };
     for (name, h) in all {

@@ -45,7 +45,26 @@ pub struct ServeArgs {
     /// applies to every FUSE mount made afterwards that asks for it
     #[arg(long)]
     pub fuse_io_uring: bool,
+    /// Serve the HTTPS API (REST, OpenAPI at /api/openapi.json, metrics at /metrics) on
+    /// ADDR:PORT
+    #[arg(long, value_name = "ADDR:PORT", default_value = DEFAULT_API)]
+    pub api: String,
+    /// Serve no HTTPS API
+    #[arg(long, conflicts_with = "api")]
+    pub no_api: bool,
+    /// The API's certificate chain (PEM) instead of the self-signed one made at first start
+    #[arg(long, requires = "api_key", value_name = "FILE")]
+    pub api_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --api-cert
+    #[arg(long, requires = "api_cert", value_name = "FILE")]
+    pub api_key: Option<std::path::PathBuf>,
+    /// Let anyone read /metrics (by default a token or session is needed)
+    #[arg(long)]
+    pub metrics_public: bool,
 }
+
+/// The API's address when none is given: loopback, port 8443.
+pub const DEFAULT_API: &str = "127.0.0.1:8443";
 
 /// Longest request line accepted (a request with a password, or a debug object's bytes).
 const MAX_REQUEST_BYTES: u64 = 64 << 20;
@@ -250,6 +269,44 @@ pub fn run(a: ServeArgs) -> Result<()> {
             dir.join("accounts.redb").display()
         )
     })?;
+    let _api = if a.no_api {
+        None
+    } else {
+        let addr: std::net::SocketAddr = a.api.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "invalid --api '{}': give ADDR:PORT, e.g. 127.0.0.1:8443",
+                a.api
+            )
+        })?;
+        let opts = tank_api::ApiOptions {
+            addr,
+            cert: a.api_cert.as_deref().map(crate::out::resolve),
+            key: a.api_key.as_deref().map(crate::out::resolve),
+            metrics_public: a.metrics_public,
+        };
+        match tank_api::start(svc.clone(), &dir, &opts) {
+            Ok(server) => {
+                if server.generated {
+                    println!(
+                        "made a self-signed certificate for the API: {}",
+                        server.cert.display()
+                    );
+                }
+                println!("api: {}", server.url());
+                Some(server)
+            }
+            // The default port may be taken by something else: the daemon still serves
+            // its pools and the local socket, and says why the API is not there.
+            Err(e) if a.api == DEFAULT_API => {
+                eprintln!(
+                    "warning: no HTTPS API: {} (choose another address with --api)",
+                    crate::out::chain(&e)
+                );
+                None
+            }
+            Err(e) => return Err(e.context("cannot serve the API")),
+        }
+    };
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     // Anyone on the host may connect; each request is authorized for the uid the kernel

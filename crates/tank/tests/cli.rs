@@ -1270,7 +1270,7 @@ fn run_as(env: &Env, uid: u32, args: &[&str], stdin: &str) -> Output {
 /// Starts `tank serve` on the environment's data directory and waits for its socket.
 fn serve(env: &Env) -> Daemon {
     let child = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .arg("serve")
+        .args(["serve", "--api", "127.0.0.1:0"])
         .env("TANK_DATA_DIR", env.path("data"))
         .current_dir(env.dir.path())
         .stdout(std::process::Stdio::piped())

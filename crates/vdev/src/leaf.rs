@@ -94,6 +94,47 @@ impl VdevState {
     }
 }
 
+/// Buckets of a latency histogram: bucket `k` counts operations that took less than
+/// `2^k` microseconds (1 µs to about 17 s), the last one everything slower; as `zpool
+/// iostat -w` shows them.
+pub const LATENCY_BUCKETS: usize = 25;
+
+/// Operation latencies in power-of-two buckets of microseconds, lock-free.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS],
+    sum_us: AtomicU64,
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, took: std::time::Duration) {
+        let us = took.as_micros().min(u128::from(u64::MAX)) as u64;
+        // The first power of two above `us`: 0 µs → bucket 0 (< 1 µs), 1 µs → 1 (< 2 µs).
+        let k = (u64::BITS - us.leading_zeros()) as usize;
+        self.buckets[k.min(LATENCY_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// (upper bound in seconds, operations in that bucket) for each bucket, and the sum
+    /// of all latencies in seconds. The last bucket's bound is infinite.
+    pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
+        let b = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(k, n)| {
+                let bound = if k == LATENCY_BUCKETS - 1 {
+                    f64::INFINITY
+                } else {
+                    (1u64 << k) as f64 / 1e6
+                };
+                (bound, n.load(Ordering::Relaxed))
+            })
+            .collect();
+        (b, self.sum_us.load(Ordering::Relaxed) as f64 / 1e6)
+    }
+}
+
 /// Counters shown by `pool status` and `pool iostat`.
 #[derive(Debug, Default)]
 pub struct LeafStats {
@@ -105,6 +146,9 @@ pub struct LeafStats {
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub repaired_bytes: AtomicU64,
+    /// How long reads and writes took at the device (the queue's wait excluded).
+    pub read_latency: LatencyHistogram,
+    pub write_latency: LatencyHistogram,
 }
 
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
@@ -651,7 +695,9 @@ type ReadReq = (u64, usize, Sender<Result<Vec<u8>, DeviceError>>);
 
 fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
     let mut buf = vec![0u8; len];
+    let started = std::time::Instant::now();
     let r = dev.read_at(&mut buf, offset);
+    leaf.stats.read_latency.record(started.elapsed());
     leaf.stats.read_ops.fetch_add(1, Ordering::Relaxed);
     let r = match r {
         Ok(()) => {
@@ -742,7 +788,9 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
             else {
                 unreachable!("each write is served once")
             };
+            let started = std::time::Instant::now();
             let r = dev.write_at(&data, offset);
+            leaf.stats.write_latency.record(started.elapsed());
             head = offset + data.len() as u64;
             leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
             match &r {
@@ -783,6 +831,27 @@ fn elevator_order(ranges: &[(u64, u64)], head: u64) -> Vec<usize> {
     let first = order.partition_point(|&i| ranges[i].0 < head);
     order.rotate_left(first);
     order
+}
+
+#[cfg(test)]
+mod latency_tests {
+    use super::*;
+
+    #[test]
+    fn latencies_fall_in_power_of_two_buckets() {
+        let h = LatencyHistogram::default();
+        h.record(std::time::Duration::from_nanos(300));
+        h.record(std::time::Duration::from_micros(1));
+        h.record(std::time::Duration::from_micros(1500));
+        h.record(std::time::Duration::from_secs(3600));
+        let (b, sum) = h.snapshot();
+        assert_eq!(b.len(), LATENCY_BUCKETS);
+        assert_eq!(b[0].1, 1); // < 1 µs
+        assert_eq!(b[1].1, 1); // < 2 µs
+        assert_eq!(b[11].1, 1); // 1.5 ms < 2.048 ms
+        assert_eq!(b[LATENCY_BUCKETS - 1], (f64::INFINITY, 1));
+        assert!((sum - 3600.001501).abs() < 1e-6, "{sum}");
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,559 @@
+//! The daemon's HTTPS API as its clients use it: curl for the requests, Python's
+//! OpenMetrics parser for `/metrics`, openapi-spec-validator for the OpenAPI document. The
+//! daemon listens on 127.0.0.1 on a port of its choosing.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    child: Child,
+    url: String,
+    data: PathBuf,
+    /// What the daemon printed on standard error, line by line.
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tank(data: &Path, args: &[&str], stdin: &str) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "tank {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts `tank serve` with its API on a free port of 127.0.0.1.
+fn serve(data: &Path, extra: &[&str]) -> Daemon {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["serve", "--api", "127.0.0.1:0"])
+        .args(extra)
+        .env("TANK_DATA_DIR", data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let (etx, erx) = mpsc::channel();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            let _ = etx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let url = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(u) = line.strip_prefix("api: ") {
+                    break u.to_string();
+                }
+            }
+            Err(_) => panic!("the daemon did not print its API address"),
+        }
+    };
+    // Keep draining standard output.
+    std::thread::spawn(move || while rx.recv().is_ok() {});
+    let sock = data.join("tank.sock");
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "no socket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Daemon {
+        child,
+        url,
+        data: data.to_path_buf(),
+        stderr: erx,
+    }
+}
+
+/// One request with curl: (status, body).
+fn curl(d: &Daemon, args: &[&str], path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "--cacert"])
+        .arg(d.data.join("tls/cert.pem"))
+        .args(["-w", "\n%{http_code}"])
+        .args(args)
+        .arg(format!("{}{path}", d.url))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn bearer(token: &str) -> String {
+    format!("Authorization: Bearer {token}")
+}
+
+fn post(d: &Daemon, auth: &[&str], op: &str, body: &str) -> (u16, serde_json::Value) {
+    let mut args = vec!["-X", "POST", "-H", "Content-Type: application/json"];
+    args.extend_from_slice(auth);
+    args.extend(["--data-binary", body]);
+    let (code, text) = curl(d, &args, &format!("/api/v1/{op}"));
+    (
+        code,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+fn kind(v: &serde_json::Value) -> &str {
+    v["error"]["kind"].as_str().unwrap_or("")
+}
+
+fn python_has(module: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn add_user(data: &Path, name: &str, extra: &[&str], password: &str) -> String {
+    let mut args = vec!["user", "add", name];
+    args.extend_from_slice(extra);
+    tank(data, &args, &format!("{password}\n"));
+    let t = stdout(&tank(data, &["token", "add", name], ""));
+    t.trim().strip_prefix("token: ").unwrap().to_string()
+}
+
+/// Authentication, the role matrix over HTTPS, sessions with CSRF, rate-limited logins,
+/// revoked tokens, bad input of every kind, conflicting requests, the event stream, the
+/// metrics and the OpenAPI document.
+#[test]
+fn the_https_api_authenticates_authorizes_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let alice = add_user(&data, "alice", &["--uid", "1500"], "alice's long password");
+    let admin = add_user(
+        &data,
+        "boss",
+        &["--uid", "1501", "--admin"],
+        "the boss's password",
+    );
+    let d = serve(&data, &[]);
+    assert!(d.url.starts_with("https://127.0.0.1:"), "{}", d.url);
+    let (ha, hb) = (bearer(&alice), bearer(&admin));
+    let user = ["-H", ha.as_str()];
+    let boss = ["-H", hb.as_str()];
+
+    // Plain HTTP on the same port only redirects.
+    let plain = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{redirect_url}",
+        ])
+        .arg(format!(
+            "{}/api/v1/pools",
+            d.url.replace("https://", "http://")
+        ))
+        .output()
+        .unwrap();
+    let plain = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(plain.starts_with("308 https://127.0.0.1:"), "{plain}");
+    assert!(plain.ends_with("/api/v1/pools"), "{plain}");
+
+    // Anonymous: nothing but the document and the login.
+    let (code, body) = curl(&d, &[], "/api/v1/pools");
+    assert_eq!(code, 401, "{body}");
+    let (code, _) = curl(&d, &[], "/metrics");
+    assert_eq!(code, 401);
+    // A user reads, and manages its own account only.
+    let (code, body) = curl(&d, &user, "/api/v1/pools");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ok"]["response"]["data"][0]["name"], "tank", "{body}");
+    let (code, v) = post(
+        &d,
+        &user,
+        "pool_scrub",
+        r#"{"name": "tank", "action": "start"}"#,
+    );
+    assert_eq!((code, kind(&v)), (403, "denied"), "{v}");
+    let (code, v) = post(&d, &user, "key_add", r#"{"user": "alice"}"#);
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = post(&d, &user, "key_add", r#"{"user": "boss"}"#);
+    assert_eq!(code, 403, "{v}");
+    // The administrator does everything.
+    let (code, v) = post(
+        &d,
+        &boss,
+        "dataset_create",
+        r#"{"name": "tank/web", "kind": "filesystem"}"#,
+    );
+    assert_eq!(code, 200, "{v}");
+
+    // Bad input: each a clear error, nothing changed.
+    for (body, status, words) in [
+        ("{not json", 400, "malformed JSON"),
+        ("[1, 2]", 400, "JSON object"),
+        (
+            r#"{"name": "tank/x", "kind": "filesystem", "colour": "red"}"#,
+            400,
+            "unknown field",
+        ),
+        (r#"{"name": 7, "kind": "filesystem"}"#, 400, "invalid type"),
+        (
+            r#"{"name": "tank/x", "kind": "aquarium"}"#,
+            400,
+            "unknown variant",
+        ),
+        (r#"{"kind": "filesystem"}"#, 400, "missing field"),
+        (
+            r#"{"op": "pool_destroy", "name": "tank"}"#,
+            400,
+            "named by the path",
+        ),
+    ] {
+        let (code, v) = post(&d, &boss, "dataset_create", body);
+        assert_eq!(code, status, "{body}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains(words), "{body}: expected '{words}' in {v}");
+    }
+    let (code, v) = post(&d, &boss, "pool_explode", "{}");
+    assert_eq!((code, kind(&v)), (404, "not_found"), "{v}");
+    let (code, body) = curl(&d, &boss, "/api/v2/anything");
+    assert_eq!(code, 404, "{body}");
+    let big = format!(
+        r#"{{"name": "tank/big", "kind": "filesystem", "props": [["comment", "{}"]]}}"#,
+        "x".repeat(2 << 20)
+    );
+    let big_file = dir.path().join("big.json");
+    std::fs::write(&big_file, big).unwrap();
+    let (code, body) = curl(
+        &d,
+        &[
+            "-X",
+            "POST",
+            "-H",
+            hb.as_str(),
+            "--data-binary",
+            &format!("@{}", big_file.display()),
+        ],
+        "/api/v1/dataset_create",
+    );
+    assert_eq!(code, 413, "{body}");
+    let (_, v) = post(
+        &d,
+        &boss,
+        "dataset_list",
+        r#"{"names": ["tank"], "recursive": true}"#,
+    );
+    let names: Vec<&str> = v["ok"]["response"]["data"]["datasets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["tank", "tank/web"], "{v}");
+
+    // Two destroys of one dataset at once: one destroys it, the other finds it gone.
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, cert, h) = (d.url.clone(), d.data.join("tls/cert.pem"), hb.clone());
+            std::thread::spawn(move || {
+                let out = Command::new("curl")
+                    .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+                    .arg(cert)
+                    .args(["-X", "POST", "-H", &h, "--data-binary"])
+                    .arg(r#"{"name": "tank/web", "recursive": true}"#)
+                    .arg(format!("{url}/api/v1/dataset_destroy"))
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            })
+        })
+        .collect();
+    let mut codes: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    codes.sort();
+    assert_eq!(codes, ["200", "404"]);
+
+    // A session: cookie flags, CSRF on changes, logout.
+    let jar = dir.path().join("jar");
+    let jar_s = jar.to_string_lossy().into_owned();
+    let (code, body) = curl(
+        &d,
+        &[
+            "-c",
+            &jar_s,
+            "-D",
+            "-",
+            "-X",
+            "POST",
+            "--data-binary",
+            r#"{"user": "alice", "password": "alice's long password"}"#,
+        ],
+        "/api/v1/login",
+    );
+    assert_eq!(code, 200, "{body}");
+    let cookie_line = body
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap();
+    for flag in ["HttpOnly", "Secure", "SameSite=Strict"] {
+        assert!(cookie_line.contains(flag), "{cookie_line}");
+    }
+    let json_start = body.find('{').unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body[json_start..]).unwrap();
+    let csrf = v["csrf_token"].as_str().unwrap().to_string();
+    let (code, body) = curl(&d, &["-b", &jar_s], "/api/v1/session");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"caller\":\"alice\""), "{body}");
+    let (code, v) = post(&d, &["-b", &jar_s], "token_add", r#"{"user": "alice"}"#);
+    assert_eq!(
+        (code, kind(&v)),
+        (403, "denied"),
+        "without the CSRF token: {v}"
+    );
+    let h = format!("X-CSRF-Token: {csrf}");
+    let (code, v) = post(
+        &d,
+        &["-b", &jar_s, "-H", &h],
+        "token_add",
+        r#"{"user": "alice"}"#,
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, _) = post(&d, &["-b", &jar_s, "-H", &h], "logout", "");
+    assert_eq!(code, 200);
+    let (code, body) = curl(&d, &["-b", &jar_s], "/api/v1/session");
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("log in again"), "{body}");
+
+    // A revoked token stops working at once.
+    let (code, v) = post(&d, &user, "token_list", r#"{"user": "alice"}"#);
+    assert_eq!(code, 200, "{v}");
+    let id = alice.split('_').nth(1).unwrap().to_string();
+    tank(&data, &["token", "remove", &id], "");
+    let (code, v) = post(&d, &user, "hello", "");
+    assert_eq!((code, kind(&v)), (401, "unauthenticated"), "{v}");
+
+    // The event stream: a scrub's start comes as a pool event, I/O as iostat samples.
+    let (url, cert, h) = (d.url.clone(), d.data.join("tls/cert.pem"), hb.clone());
+    let sse = std::thread::spawn(move || {
+        let out = Command::new("curl")
+            .args(["-sS", "-N", "--max-time", "4", "--cacert"])
+            .arg(cert)
+            .args(["-H", &h])
+            .arg(format!("{url}/api/v1/events"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, v) = post(
+        &d,
+        &boss,
+        "pool_scrub",
+        r#"{"name": "tank", "action": "start"}"#,
+    );
+    assert_eq!(code, 200, "{v}");
+    assert!(v["ok"]["response"]["data"]["job"].is_u64(), "{v}");
+    let stream = sse.join().unwrap();
+    assert!(stream.contains("event: iostat"), "{stream}");
+    assert!(stream.contains("event: pool_event"), "{stream}");
+    assert!(stream.contains("scrub_start"), "{stream}");
+    let (code, body) = curl(&d, &boss, "/api/v1/jobs");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"kind\":\"scrub\""), "{body}");
+
+    // Failed logins are logged and limited.
+    let mut last = 0;
+    for _ in 0..6 {
+        let (code, _) = curl(
+            &d,
+            &[
+                "-X",
+                "POST",
+                "--data-binary",
+                r#"{"user": "boss", "password": "guess"}"#,
+            ],
+            "/api/v1/login",
+        );
+        last = code;
+    }
+    assert_eq!(last, 429);
+    let (code, body) = curl(
+        &d,
+        &[
+            "-X",
+            "POST",
+            "--data-binary",
+            r#"{"user": "boss", "password": "the boss's password"}"#,
+        ],
+        "/api/v1/login",
+    );
+    assert_eq!(code, 429, "even the right password waits: {body}");
+    let logged: Vec<String> = d.stderr.try_iter().collect();
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("failed login for 'boss' from 127.0.0.1")),
+        "{logged:?}"
+    );
+
+    // Metrics, with a token, through a real OpenMetrics parser.
+    let (code, text) = curl(&d, &boss, "/metrics");
+    assert_eq!(code, 200, "{text}");
+    if python_has("prometheus_client") {
+        let script = r#"
+import sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+names = {}
+for f in text_string_to_metric_families(sys.stdin.read()):
+    names[f.name] = (f.type, len(f.samples))
+for n in sorted(names):
+    print(n, names[n][0], names[n][1])
+"#;
+        let mut py = Command::new("python3")
+            .args(["-c", script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        py.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = py.wait_with_output().unwrap();
+        let parsed = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for family in [
+            "tank_pool_health gauge",
+            "tank_pool_size_bytes gauge",
+            "tank_vdev_errors counter",
+            "tank_vdev_operations counter",
+            "tank_vdev_latency_seconds histogram",
+            "tank_arc_size_bytes gauge",
+            "tank_arc_hit_ratio gauge",
+            "tank_l2arc_hit_ratio gauge",
+            "tank_zil_commits counter",
+            "tank_zil_commit_latency_seconds histogram",
+            "tank_scan_active gauge",
+            "tank_scan_issued_bytes gauge",
+            "tank_protocol_requests counter",
+            "tank_protocol_latency_seconds histogram",
+        ] {
+            assert!(parsed.contains(family), "no '{family}' in:\n{parsed}");
+        }
+    } else {
+        common::skip(
+            "the_https_api_authenticates_authorizes_and_refuses_bad_input (metrics parsing)",
+            "python3 has no prometheus_client (pip install prometheus-client)",
+        );
+    }
+    assert!(
+        text.contains("tank_pool_health{pool=\"tank\",state=\"ONLINE\"} 1"),
+        "{text}"
+    );
+
+    // The OpenAPI document: valid, and every route of the API in it.
+    let (code, doc) = curl(&d, &[], "/api/openapi.json");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    let paths = v["paths"].as_object().unwrap();
+    for route in [
+        "/api/v1/login",
+        "/api/v1/logout",
+        "/api/v1/session",
+        "/api/v1/pools",
+        "/api/v1/pools/{name}",
+        "/api/v1/datasets",
+        "/api/v1/shares",
+        "/api/v1/jobs",
+        "/api/v1/jobs/{id}",
+        "/api/v1/events",
+        "/api/openapi.json",
+        "/metrics",
+        "/api/v1/pool_status",
+        "/api/v1/dataset_create",
+        "/api/v1/share_add",
+        "/api/v1/user_add",
+        "/api/v1/job_get",
+    ] {
+        assert!(paths.contains_key(route), "{route} is not in the document");
+    }
+    // Every request in the document is served (anonymous: refused or invalid, never
+    // unknown), and nothing else is.
+    for (path, item) in paths {
+        if item.get("post").is_some() && path.starts_with("/api/v1/") && !path.contains("log") {
+            let (code, v) = post(&d, &[], path.trim_start_matches("/api/v1/"), "{}");
+            assert!(code == 401 || code == 400, "{path}: {code} {v}");
+        }
+    }
+    if python_has("openapi_spec_validator") {
+        let f = dir.path().join("openapi.json");
+        std::fs::write(&f, &doc).unwrap();
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sys, json; from openapi_spec_validator import validate; validate(json.load(open(sys.argv[1]))); print('valid')",
+            ])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        common::skip(
+            "the_https_api_authenticates_authorizes_and_refuses_bad_input (OpenAPI validation)",
+            "python3 has no openapi_spec_validator (pip install openapi-spec-validator)",
+        );
+    }
+}
