@@ -21,6 +21,7 @@
 //! get a clear error and change nothing.
 
 pub mod auth;
+pub mod client;
 pub mod metrics;
 pub mod openapi;
 mod routes;

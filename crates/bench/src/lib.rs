@@ -8,8 +8,10 @@
 //! capacity (the engine's own RAID-Z allocation rule), reliability and expected speed, and
 //! recommends one for a workload. `fsbench.rs` is the bonnie++-style benchmark of a
 //! directory, paced by a network link of `link.rs` when one is given; `emulate.rs` is the
-//! grammar of emulated builds.
+//! grammar of emulated builds. `api.rs` measures the management API's latency over HTTPS
+//! against the local socket, and the daemon's memory (`tank bench-api`).
 
+pub mod api;
 pub mod emulate;
 pub mod fsbench;
 pub mod link;

@@ -14,6 +14,7 @@
 mod out;
 mod awake;
 mod bench;
+mod bench_api;
 mod bench_cache;
 mod bench_mounts;
 mod bench_scrub;
@@ -110,6 +111,9 @@ enum Command {
     /// Synchronous write rate and fsync latency with and without a log device (SLOG) on
     /// an emulated build.
     BenchSync(bench_sync::SyncBenchArgs),
+    /// The management API's latency for a status request over HTTPS against the local
+    /// socket, at several numbers of clients, and the daemon's memory.
+    BenchApi(bench_api::BenchApiArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -153,6 +157,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchScrub(a) => bench_scrub::run(a),
         Command::BenchCache(a) => bench_cache::run(a),
         Command::BenchSync(a) => bench_sync::run(a),
+        Command::BenchApi(a) => bench_api::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),

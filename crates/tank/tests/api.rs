@@ -557,3 +557,140 @@ for n in sorted(names):
         );
     }
 }
+
+/// The daemon's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// 200 clients at once for a minute (`TANK_SOAK_SECS` to change it), each a bounded loop of
+/// reads, metrics scrapes, refused requests and reconnections: every answer as expected,
+/// the daemon's memory bounded, and it serves on afterwards.
+#[test]
+fn the_api_serves_200_clients_for_a_minute_with_bounded_memory() {
+    const CLIENTS: usize = 200;
+    const MAX_REQUESTS: u64 = 1_000_000;
+    let secs: u64 = std::env::var("TANK_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let token = add_user(&data, "boss", &["--admin"], "the boss's password");
+    let d = serve(&data, &[]);
+    let addr: std::net::SocketAddr = d.url.trim_start_matches("https://").parse().unwrap();
+    let cert = data.join("tls/cert.pem");
+    let pid = d.child.id();
+    {
+        let mut c = tank_api::client::HttpsClient::new(addr, &cert).unwrap();
+        let auth = format!("Bearer {token}");
+        for _ in 0..20 {
+            let (code, _) = c
+                .request("GET", "/api/v1/pools", &[("Authorization", &auth)], b"")
+                .unwrap();
+            assert_eq!(code, 200);
+        }
+    }
+    let at_rest = rss(pid);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let peak = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss(pid));
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            peak
+        })
+    };
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|n| {
+            let (cert, token) = (cert.clone(), token.clone());
+            std::thread::spawn(move || {
+                let mut c = tank_api::client::HttpsClient::new(addr, &cert).unwrap();
+                let auth = format!("Bearer {token}");
+                let wrong = "Bearer tank_nosuchid_nosuchsecret".to_string();
+                let (mut done, mut unexpected) = (0u64, Vec::new());
+                let mut i = n as u64;
+                while Instant::now() < deadline && done < MAX_REQUESTS {
+                    let (method, path, who, body, want): (&str, &str, &str, &[u8], u16) =
+                        match i % 10 {
+                            0..=5 => ("GET", "/api/v1/pools", &auth, b"", 200),
+                            6 => (
+                                "POST",
+                                "/api/v1/pool_status",
+                                &auth,
+                                br#"{"name": "tank"}"#,
+                                200,
+                            ),
+                            7 => ("GET", "/metrics", &auth, b"", 200),
+                            8 => ("POST", "/api/v1/hello", &wrong, b"", 401),
+                            _ => {
+                                c.disconnect();
+                                ("GET", "/api/v1/session", &auth, b"", 200)
+                            }
+                        };
+                    match c.request(method, path, &[("Authorization", who)], body) {
+                        Ok((code, _)) if code == want => {}
+                        Ok((code, b)) => unexpected.push(format!(
+                            "{method} {path}: {code} {}",
+                            String::from_utf8_lossy(&b)
+                        )),
+                        Err(e) => unexpected.push(format!("{method} {path}: {e}")),
+                    }
+                    done += 1;
+                    i += 1;
+                }
+                (done, unexpected, c.connects)
+            })
+        })
+        .collect();
+    let (mut total, mut connects, mut problems) = (0, 0, Vec::new());
+    for c in clients {
+        let (done, unexpected, n) = c.join().unwrap();
+        total += done;
+        connects += n;
+        problems.extend(unexpected);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = peak.join().unwrap();
+    let after = rss(pid);
+    println!(
+        "{CLIENTS} clients for {secs} s: {total} requests ({:.0}/s), {connects} connections; daemon RSS at rest {} MiB, peak {} MiB, after {} MiB",
+        total as f64 / secs as f64,
+        at_rest >> 20,
+        peak >> 20,
+        after >> 20
+    );
+    assert!(
+        problems.is_empty(),
+        "{} unexpected answers, e.g. {:?}",
+        problems.len(),
+        &problems[..problems.len().min(5)]
+    );
+    assert!(total >= (CLIENTS * 10) as u64, "only {total} requests");
+    // Bounded: the connections' buffers and the runtime's threads, not a growth per request.
+    assert!(
+        peak < at_rest + (256 << 20),
+        "the daemon grew from {} MiB to {} MiB under load",
+        at_rest >> 20,
+        peak >> 20
+    );
+    // And it serves on: over HTTPS and on the local socket.
+    let mut c = tank_api::client::HttpsClient::new(addr, &cert).unwrap();
+    let auth = format!("Bearer {token}");
+    let (code, _) = c
+        .request("GET", "/api/v1/pools", &[("Authorization", &auth)], b"")
+        .unwrap();
+    assert_eq!(code, 200);
+    let out = stdout(&tank(&data, &["pool", "list", "-H"], ""));
+    assert!(out.contains("tank"), "{out}");
+}
