@@ -44,19 +44,43 @@ pub struct Session {
     last: Instant,
 }
 
+impl std::fmt::Debug for Session {
+    /// The user only: the CSRF token is a secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("user", &self.user).finish()
+    }
+}
+
 fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand::rngs::OsRng.fill_bytes(&mut b);
     tank_service::api::hex_encode(&b)
 }
 
-#[derive(Default)]
 pub struct Auth {
     sessions: Mutex<HashMap<String, Session>>,
     failures: Mutex<HashMap<String, Vec<Instant>>>,
+    idle: Duration,
+    max: Duration,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Self::with_limits(SESSION_IDLE, SESSION_MAX)
+    }
 }
 
 impl Auth {
+    /// Sessions that end after `idle` without use, or `max` after login.
+    pub fn with_limits(idle: Duration, max: Duration) -> Self {
+        Auth {
+            sessions: Mutex::default(),
+            failures: Mutex::default(),
+            idle,
+            max,
+        }
+    }
+
     /// Makes a session for `user`; returns (id, csrf token).
     pub fn login(&self, user: &str) -> (String, String) {
         let id = random_hex(32);
@@ -91,8 +115,8 @@ impl Auth {
         let now = Instant::now();
         match s.get_mut(id) {
             Some(v)
-                if now.duration_since(v.last) < SESSION_IDLE
-                    && now.duration_since(v.created) < SESSION_MAX =>
+                if now.duration_since(v.last) < self.idle
+                    && now.duration_since(v.created) < self.max =>
             {
                 v.last = now;
                 Ok(v.clone())
@@ -243,6 +267,29 @@ mod tests {
         assert!(a.limited(ip, "bob").is_some());
         assert!(a.limited(other, "alice").is_some());
         assert!(a.limited(other, "bob").is_none());
+    }
+
+    #[test]
+    fn sessions_expire_idle_and_at_their_longest() {
+        let a = Auth::with_limits(Duration::from_millis(200), Duration::from_millis(500));
+        let (id, _) = a.login("alice");
+        // Used within the idle time, it lives on, but not past its longest life.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(a.session(&id).is_ok());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        let e = a.session(&id).unwrap_err();
+        assert!(e.to_string().contains("expired"), "{e}");
+        // And then it is gone.
+        assert!(a
+            .session(&id)
+            .unwrap_err()
+            .to_string()
+            .contains("no such session"));
+        let (id, _) = a.login("alice");
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(a.session(&id).unwrap_err().to_string().contains("expired"));
     }
 
     #[test]

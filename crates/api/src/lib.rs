@@ -57,7 +57,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct State {
     pub svc: Arc<Service>,
     pub auth: auth::Auth,
-    pub protocols: Arc<metrics::ProtocolStats>,
     pub registry: prometheus_client::registry::Registry,
     pub metrics_public: bool,
     pub ops: std::collections::HashSet<String>,
@@ -106,12 +105,10 @@ impl Drop for ApiServer {
 
 /// The shared state of a server of `svc`.
 pub fn state(svc: Arc<Service>, metrics_public: bool) -> Arc<State> {
-    let protocols = Arc::new(metrics::ProtocolStats::default());
-    let registry = metrics::registry(svc.clone(), protocols.clone());
+    let registry = metrics::registry(svc.clone());
     Arc::new(State {
         svc,
         auth: auth::Auth::default(),
-        protocols,
         registry,
         metrics_public,
         ops: openapi::ops().into_iter().collect(),

@@ -3,49 +3,23 @@
 //! # Theory of operation
 //! Nothing is copied ahead of time: each scrape reads the service's open pools (their
 //! status, vdev counters, latency histograms, scan and intent-log figures), the ARC and each
-//! pool's L2ARC, and the API's own request counters, and encodes them with
+//! pool's L2ARC, and the front ends' request counters (`tank_service::stats`), and encodes them with
 //! prometheus-client as one collector. Names follow Prometheus' conventions: a `tank_`
 //! prefix, base units (bytes, seconds), `_total` on counters, states as one series per
 //! state with value 1 for the current one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tank_pool::VdevStatus;
 use tank_service::Service;
-use tank_vdev::LatencyHistogram;
 
 type Labels = Vec<(String, String)>;
-
-/// Requests and their latency per protocol and operation, for the front ends this process
-/// serves (the API now).
-#[derive(Default)]
-pub struct ProtocolStats {
-    ops: Mutex<HashMap<(String, String), Arc<OpStats>>>,
-}
-
-#[derive(Default)]
-pub struct OpStats {
-    pub count: AtomicU64,
-    pub errors: AtomicU64,
-    pub latency: LatencyHistogram,
-}
-
-impl ProtocolStats {
-    pub fn op(&self, protocol: &str, op: &str) -> Arc<OpStats> {
-        self.ops
-            .lock()
-            .entry((protocol.to_string(), op.to_string()))
-            .or_default()
-            .clone()
-    }
-}
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
     pairs
@@ -90,7 +64,6 @@ fn family(
 /// The collector of one service, registered once; it reads the state at each scrape.
 pub struct Collect {
     pub svc: Arc<Service>,
-    pub protocols: Arc<ProtocolStats>,
 }
 
 impl std::fmt::Debug for Collect {
@@ -126,6 +99,7 @@ impl Collector for Collect {
         let mut health = Vec::new();
         let mut space: HashMap<&str, Vec<(Labels, Value)>> = HashMap::new();
         let mut txg = Vec::new();
+        let mut frag = Vec::new();
         let mut vstate = Vec::new();
         let mut verr = Vec::new();
         let mut vops = Vec::new();
@@ -165,6 +139,10 @@ impl Collector for Collect {
                     .push((l(&[("pool", p)]), V::Gauge(v as f64)));
             }
             txg.push((l(&[("pool", p)]), V::Gauge(st.txg as f64)));
+            frag.push((
+                l(&[("pool", p)]),
+                V::Gauge(st.space.fragmentation as f64 / 100.0),
+            ));
             let mut all = Vec::new();
             for v in &st.config {
                 walk(v, &mut all);
@@ -275,6 +253,13 @@ impl Collector for Collect {
             "the last committed transaction group",
             Gauge,
             &txg,
+        )?;
+        family(
+            &mut enc,
+            "tank_pool_fragmentation_ratio",
+            "free-space fragmentation (zpool's FRAG, 0 to 1)",
+            Gauge,
+            &frag,
         )?;
         family(
             &mut enc,
@@ -449,14 +434,10 @@ impl Collector for Collect {
             Gauge,
             &scan_errors,
         )?;
-        let ops = self.protocols.ops.lock().clone();
-        let mut keys: Vec<&(String, String)> = ops.keys().collect();
-        keys.sort();
         let mut reqs = Vec::new();
         let mut errs = Vec::new();
         let mut lat = Vec::new();
-        for k in keys {
-            let s = &ops[k];
+        for (k, s) in self.svc.protocols.all() {
             let lab = l(&[("protocol", &k.0), ("op", &k.1)]);
             reqs.push((lab.clone(), V::Counter(s.count.load(Ordering::Relaxed))));
             errs.push((lab.clone(), V::Counter(s.errors.load(Ordering::Relaxed))));
@@ -489,9 +470,9 @@ impl Collector for Collect {
 }
 
 /// The registry of a service's metrics.
-pub fn registry(svc: Arc<Service>, protocols: Arc<ProtocolStats>) -> Registry {
+pub fn registry(svc: Arc<Service>) -> Registry {
     let mut r = Registry::default();
-    r.register_collector(Box::new(Collect { svc, protocols }));
+    r.register_collector(Box::new(Collect { svc }));
     r
 }
 

@@ -59,7 +59,7 @@ fn reply(r: Result<Response, ServiceError>, notes: Vec<String>) -> HttpResponse 
 /// away), counting it for the metrics.
 async fn run(st: &St, caller: Caller, req: Request) -> HttpResponse {
     let op = req.op();
-    let stats = st.protocols.op("api", &op);
+    let stats = st.svc.protocols.op("api", &op);
     let started = Instant::now();
     let svc = st.svc.clone();
     let r = tokio::task::spawn_blocking(move || svc.handle(&caller, req, None)).await;
@@ -72,15 +72,7 @@ async fn run(st: &St, caller: Caller, req: Request) -> HttpResponse {
             Vec::new(),
         ),
     };
-    stats
-        .count
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if r.is_err() {
-        stats
-            .errors
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    stats.latency.record(started.elapsed());
+    stats.record(started.elapsed(), r.is_err());
     reply(r, notes)
 }
 

@@ -27,6 +27,23 @@ use crate::BlockError;
 /// Txgs a freed block stays allocated; also how far `import -F` may rewind.
 pub const DEFER_TXGS: u64 = 8;
 
+/// Fragmentation of a free extent by its size class (log2 of the size, from 512 B):
+/// the share of it, in percent, that counts as fragmented.
+const FRAG_TABLE: [u64; 17] = [
+    100, 100, 98, 95, 90, 80, 70, 60, 50, 40, 30, 20, 15, 10, 5, 0, 0,
+];
+
+/// Free-space fragmentation of free extents of the given lengths, weighted by length.
+fn frag_of(lengths: impl Iterator<Item = u64>) -> Option<u64> {
+    let (mut weighted, mut total) = (0u128, 0u128);
+    for len in lengths.filter(|l| *l > 0) {
+        let class = (u64::BITS - 1 - len.leading_zeros()).saturating_sub(9) as usize;
+        weighted += u128::from(len) * u128::from(FRAG_TABLE[class.min(FRAG_TABLE.len() - 1)]);
+        total += u128::from(len);
+    }
+    (total > 0).then(|| (weighted / total) as u64)
+}
+
 /// A set of disjoint, non-adjacent extents `[start, end)`.
 #[derive(Debug, Clone, Default)]
 pub struct RangeTree {
@@ -49,6 +66,14 @@ impl RangeTree {
 
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
+    }
+
+    /// Free-space fragmentation in percent, as zpool reports it: each free extent weighs
+    /// by its size, and counts as 100 % fragmented at 512 B or 1 KiB, falling to 0 % at
+    /// 16 MiB and more (OpenZFS' table of metaslab fragmentation by segment size).
+    /// None when there is no free space.
+    pub fn fragmentation(&self) -> Option<u64> {
+        frag_of(self.iter().map(|(s, e)| e - s))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -290,6 +315,15 @@ impl SpaceAllocator {
     /// Free bytes on allocatable vdevs (deferred frees are not free yet).
     pub fn free_bytes(&self) -> u64 {
         self.spaces().map(|v| v.free.bytes()).sum()
+    }
+
+    /// Free-space fragmentation of the allocatable vdevs, in percent (see
+    /// `RangeTree::fragmentation`); None when nothing is free.
+    pub fn fragmentation(&self) -> Option<u64> {
+        frag_of(
+            self.spaces()
+                .flat_map(|v| v.free.iter().map(|(s, e)| e - s)),
+        )
     }
 
     pub fn deferred_bytes(&self) -> u64 {
@@ -584,6 +618,32 @@ impl SpaceAllocator {
     /// Forget pending records (after a failed sync the in-memory state is discarded anyway).
     pub fn clear_pending(&mut self) {
         self.pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod frag_tests {
+    use super::*;
+
+    #[test]
+    fn fragmentation_weighs_free_extents_by_size() {
+        let mut t = RangeTree::new();
+        assert_eq!(t.fragmentation(), None);
+        t.add(0, 64 << 20).unwrap();
+        assert_eq!(t.fragmentation(), Some(0));
+        // Only 4 KiB holes: 95 % as zpool counts them.
+        let mut t = RangeTree::new();
+        for i in 0..100u64 {
+            t.add(i * 8192, i * 8192 + 4096).unwrap();
+        }
+        assert_eq!(t.fragmentation(), Some(95));
+        // Half the free space in one big extent, half in 128 KiB pieces (50 %): 25 %.
+        let mut t = RangeTree::new();
+        t.add(1 << 40, (1 << 40) + (16 << 20)).unwrap();
+        for i in 0..128u64 {
+            t.add(i << 18, (i << 18) + (128 << 10)).unwrap();
+        }
+        assert_eq!(t.fragmentation(), Some(25));
     }
 }
 

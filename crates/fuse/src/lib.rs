@@ -44,6 +44,12 @@ pub use ring::{enable_kernel_io_uring, kernel_offers as io_uring_offered};
 pub use server::{CONTROL_NAME, SNAPSHOT_DIR_NAME};
 
 /// The snapshots of the mounted dataset, as `.tank/snapshot` shows them.
+/// Something told of every request a mount serves (the service's metrics).
+pub trait RequestObserver: Send + Sync + std::fmt::Debug {
+    /// `op` is the FUSE operation (`lookup`, `read`, ...); `took`, its handler's time.
+    fn observe(&self, op: &'static str, took: std::time::Duration);
+}
+
 pub trait SnapshotSource: Send + Sync {
     /// Names of the snapshots that exist now.
     fn list(&self) -> Vec<String>;

@@ -56,6 +56,8 @@ pub struct MountOptions {
     pub devices: bool,
     /// Allow executing files (the `exec` property).
     pub exec: bool,
+    /// Told of every request and how long it took (the service's per-protocol metrics).
+    pub observer: Option<std::sync::Arc<dyn crate::RequestObserver>>,
 }
 
 impl MountOptions {
@@ -74,6 +76,7 @@ impl MountOptions {
             setuid: false,
             devices: false,
             exec: true,
+            observer: None,
         }
     }
 

@@ -166,6 +166,23 @@ pub(crate) struct Server {
     pub(crate) uring: Arc<std::sync::atomic::AtomicBool>,
     /// Times of the virtual directories.
     started: SystemTime,
+    /// Told of each request and how long its handler took (the service's metrics).
+    observer: Option<Arc<dyn crate::RequestObserver>>,
+}
+
+/// Tells the observer how long a request's handler took, when it returns.
+struct Timed<'a> {
+    observer: Option<&'a dyn crate::RequestObserver>,
+    op: &'static str,
+    started: std::time::Instant,
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        if let Some(o) = self.observer {
+            o.observe(self.op, self.started.elapsed());
+        }
+    }
 }
 
 impl Server {
@@ -189,6 +206,17 @@ impl Server {
             want_uring,
             uring: Arc::default(),
             started: SystemTime::now(),
+            observer: opts.observer.clone(),
+        }
+    }
+
+    /// Times a request's handler for the observer (requests a ring worker answers later
+    /// count the time to hand them over).
+    fn timed(&self, op: &'static str) -> Timed<'_> {
+        Timed {
+            observer: self.observer.as_deref(),
+            op,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -886,15 +914,18 @@ impl Filesystem for Server {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _timed = self.timed("lookup");
         Self::reply_entry(reply, self.do_lookup(req, parent, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _timed = self.timed("forget");
         self.forget_node(ino, nlookup);
         self.coalesce_forgets();
     }
 
     fn batch_forget(&self, _req: &Request, nodes: &[fuser::ForgetOne]) {
+        let _timed = self.timed("batch_forget");
         for n in nodes {
             self.forget_node(n.nodeid(), n.nlookup());
         }
@@ -902,6 +933,7 @@ impl Filesystem for Server {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _timed = self.timed("getattr");
         match self.do_getattr(ino) {
             Ok((attr, ttl)) => reply.attr(&ttl, &attr),
             Err(e) => reply.error(wire(e)),
@@ -926,6 +958,7 @@ impl Filesystem for Server {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _timed = self.timed("setattr");
         let opened = fh.is_some();
         match self.do_setattr(req, ino, mode, uid, gid, size, atime, mtime, ctime, opened) {
             Ok(attr) => reply.attr(&self.ttl, &attr),
@@ -934,6 +967,7 @@ impl Filesystem for Server {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _timed = self.timed("readlink");
         match self.fs_node(ino).and_then(|(_, fs, ino)| fs.readlink(ino)) {
             Ok(target) => reply.data(&target),
             Err(e) if e == Errno::EISDIR => reply.error(wire(Errno::EINVAL)),
@@ -951,6 +985,7 @@ impl Filesystem for Server {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _timed = self.timed("mknod");
         let r = self.writable(parent).and_then(|(fs, pino)| {
             if Self::is_control_name(parent, name) {
                 return Err(Errno::EEXIST);
@@ -971,6 +1006,7 @@ impl Filesystem for Server {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _timed = self.timed("mkdir");
         let r = self.writable(parent).and_then(|(fs, pino)| {
             if Self::is_control_name(parent, name) {
                 return Err(Errno::EEXIST);
@@ -982,6 +1018,7 @@ impl Filesystem for Server {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _timed = self.timed("unlink");
         let r = self.writable(parent).and_then(|(fs, pino)| {
             if Self::is_control_name(parent, name) {
                 return Err(Errno::EROFS);
@@ -992,6 +1029,7 @@ impl Filesystem for Server {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _timed = self.timed("rmdir");
         let r = self.writable(parent).and_then(|(fs, pino)| {
             if Self::is_control_name(parent, name) {
                 return Err(Errno::EROFS);
@@ -1009,6 +1047,7 @@ impl Filesystem for Server {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        let _timed = self.timed("symlink");
         let r = self.writable(parent).and_then(|(fs, pino)| {
             if Self::is_control_name(parent, link_name) {
                 return Err(Errno::EEXIST);
@@ -1029,6 +1068,7 @@ impl Filesystem for Server {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("rename");
         let r = (|| {
             if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT)
                 || !fuser::RenameFlags::all().contains(flags)
@@ -1057,6 +1097,7 @@ impl Filesystem for Server {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _timed = self.timed("link");
         let r = (|| {
             let (fs, ino) = self.writable(ino)?;
             let (_, npino) = self.writable(newparent)?;
@@ -1070,6 +1111,7 @@ impl Filesystem for Server {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _timed = self.timed("open");
         match self.do_open(req, ino, flags.0, false) {
             Ok((fh, fopen)) => reply.opened(fh, fopen),
             Err(e) => reply.error(wire(e)),
@@ -1087,6 +1129,7 @@ impl Filesystem for Server {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _timed = self.timed("read");
         match self.fs_node(ino).and_then(|(_, fs, ino)| {
             if Self::read_is_direct(fh, flags.0, &fs) {
                 fs.read_direct(ino, offset, size)
@@ -1111,6 +1154,7 @@ impl Filesystem for Server {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _timed = self.timed("write");
         match self.do_write(req, ino, offset, data, write_flags, flags) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(wire(e)),
@@ -1125,6 +1169,7 @@ impl Filesystem for Server {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("flush");
         // Nothing is buffered here: every write reached `Fs` when it was answered. ENOSYS
         // says so once for the whole mount: the kernel stops sending FLUSH, which with the
         // writeback cache it sends at every close after writing the file's dirty pages back
@@ -1143,6 +1188,7 @@ impl Filesystem for Server {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("release");
         Self::reply_empty(reply, self.do_release(ino));
     }
 
@@ -1154,6 +1200,7 @@ impl Filesystem for Server {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("fsync");
         let r = match Node::decode(ino.0) {
             Some(Node::Fs {
                 slot: LIVE_SLOT,
@@ -1166,6 +1213,7 @@ impl Filesystem for Server {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _timed = self.timed("opendir");
         match self.do_open(req, ino, flags.0, true) {
             Ok((fh, fopen)) => reply.opened(fh, fopen),
             Err(e) => reply.error(wire(e)),
@@ -1180,6 +1228,7 @@ impl Filesystem for Server {
         offset: u64,
         reply: ReplyDirectory,
     ) {
+        let _timed = self.timed("readdir");
         // fuser does not pass the buffer size to the handler; 4 KiB is what the kernel asks.
         let mut out = DirReply::Plain(reply);
         let r = self.do_readdir(req, ino, offset, 4096, &mut out);
@@ -1200,6 +1249,7 @@ impl Filesystem for Server {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
+        let _timed = self.timed("readdirplus");
         let mut out = DirReply::Plus(reply);
         let r = self.do_readdir(req, ino, offset, 4096, &mut out);
         let DirReply::Plus(reply) = out else {
@@ -1219,6 +1269,7 @@ impl Filesystem for Server {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("releasedir");
         Self::reply_empty(reply, self.do_release(ino));
     }
 
@@ -1230,10 +1281,12 @@ impl Filesystem for Server {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("fsyncdir");
         self.fsync(req, ino, fh, datasync, reply);
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let _timed = self.timed("statfs");
         let fs = match Node::decode(ino.0) {
             Some(Node::Fs { slot, .. }) => self.slots.fs(slot),
             _ => Ok(self.slots.live().clone()),
@@ -1257,6 +1310,7 @@ impl Filesystem for Server {
         position: u32,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("setxattr");
         let r = (|| {
             let (fs, ino) = self.writable(ino)?;
             let mode = match flags {
@@ -1274,14 +1328,17 @@ impl Filesystem for Server {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _timed = self.timed("getxattr");
         Self::xattr_reply(reply, size, self.do_getxattr(req, ino, name));
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _timed = self.timed("listxattr");
         Self::xattr_reply(reply, size, self.do_listxattr(req, ino));
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _timed = self.timed("removexattr");
         let r = self
             .writable(ino)
             .and_then(|(fs, ino)| fs.removexattr(&self.cred(req), ino, name));
@@ -1289,6 +1346,7 @@ impl Filesystem for Server {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _timed = self.timed("access");
         Self::reply_empty(reply, self.do_access(req, ino, mask.bits()));
     }
 
@@ -1302,6 +1360,7 @@ impl Filesystem for Server {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _timed = self.timed("create");
         match self.do_create(req, parent, name, mode, umask, flags) {
             Ok(e) => {
                 let (fh, fopen) = self.file_open(LIVE_SLOT, self.slots.live(), flags);
@@ -1328,6 +1387,7 @@ impl Filesystem for Server {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _timed = self.timed("fallocate");
         let r = self
             .writable(ino)
             .and_then(|(fs, ino)| fs.fallocate(&self.cred(req), ino, offset, length, mode));
@@ -1343,6 +1403,7 @@ impl Filesystem for Server {
         _whence: i32,
         reply: ReplyLseek,
     ) {
+        let _timed = self.timed("lseek");
         // The kernel's generic lseek (the whole file is data) takes over.
         reply.error(fuser::Errno::ENOSYS);
     }
@@ -1360,6 +1421,7 @@ impl Filesystem for Server {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let _timed = self.timed("copy_file_range");
         // The kernel falls back to copying through the page cache.
         reply.error(fuser::Errno::ENOSYS);
     }
@@ -1375,6 +1437,7 @@ impl Filesystem for Server {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _timed = self.timed("ioctl");
         reply.error(fuser::Errno::from_i32(libc::ENOTTY));
     }
 
@@ -1388,6 +1451,7 @@ impl Filesystem for Server {
         _flags: PollFlags,
         reply: ReplyPoll,
     ) {
+        let _timed = self.timed("poll");
         // Files are always ready; the kernel says so itself after ENOSYS.
         reply.error(fuser::Errno::ENOSYS);
     }

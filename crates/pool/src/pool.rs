@@ -139,6 +139,9 @@ pub struct PoolSpace {
     pub deferred: u64,
     /// Capacity for data, parity excluded.
     pub usable: u64,
+    /// Free-space fragmentation in percent (zpool's FRAG); 0 when nothing is free.
+    #[serde(default)]
+    pub fragmentation: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -2436,6 +2439,7 @@ impl Pool {
             free,
             deferred: a.deferred_bytes(),
             usable,
+            fragmentation: a.fragmentation().unwrap_or(0),
         }
     }
 

@@ -444,6 +444,8 @@ pub struct PoolSummary {
     pub ashift: u32,
     pub txg: u64,
     pub usable: u64,
+    /// Free-space fragmentation in percent.
+    pub fragmentation: u64,
 }
 
 /// A pool's status with its scan and its permanent errors, as `pool status` shows it.

@@ -38,6 +38,7 @@ mod ops_pool;
 pub mod pools;
 pub mod service;
 pub mod shares;
+pub mod stats;
 
 pub use accounts::{AccessKey, Accounts, Export, Group, NewUser, Token, User};
 pub use api::{Envelope, Reply, Request, Response, API_VERSION};

@@ -59,6 +59,8 @@ pub struct MountRequest {
     pub snapshots: Arc<Snapshots>,
     /// The dataset's `sync` property (standard, always, disabled).
     pub sync: tank_dataset::posix::SyncMode,
+    /// Where the mount counts its requests (protocol `fuse`).
+    pub protocols: Arc<crate::stats::ProtocolStats>,
 }
 
 /// A front end that serves filesystems at directories (the FUSE mount).
@@ -103,6 +105,7 @@ pub struct Mounts {
     mounter: Mutex<Option<Arc<dyn Mounter>>>,
     table: Mutex<Vec<Mounted>>,
     handles: Arc<Handles>,
+    protocols: Arc<crate::stats::ProtocolStats>,
 }
 
 /// The pool a dataset name belongs to.
@@ -111,6 +114,11 @@ pub fn pool_of(name: &str) -> &str {
 }
 
 impl Mounts {
+    /// The request counters the mounts report to (the service's).
+    pub fn protocols(&self) -> &Arc<crate::stats::ProtocolStats> {
+        &self.protocols
+    }
+
     /// The dataset handles the mounts hold (the service's).
     pub fn handles(&self) -> &Arc<Handles> {
         &self.handles
@@ -206,6 +214,7 @@ impl Mounts {
             fs,
             snapshots,
             sync,
+            protocols: self.protocols.clone(),
         })?;
         let uring = handle.io_uring();
         self.table.lock().push(Mounted {

@@ -447,6 +447,7 @@ impl Service {
                 ashift: o.pool.ashift(),
                 txg: st.txg,
                 usable: st.space.usable,
+                fragmentation: st.space.fragmentation,
             });
         }
         Ok(Response::Pools(out))

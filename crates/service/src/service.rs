@@ -66,17 +66,21 @@ pub struct Service {
     pub shares: Registry,
     accounts: OnceLock<Accounts>,
     pub jobs: Jobs,
+    /// Requests per protocol and operation, for the metrics.
+    pub protocols: Arc<crate::stats::ProtocolStats>,
     /// One lock per pool name for requests that change it.
     pool_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 impl Service {
     pub fn new(data_dir: &Path, mode: Mode) -> Self {
+        let mounts = Mounts::default();
         Service {
             data_dir: data_dir.to_path_buf(),
             mode,
             pools: Pools::default(),
-            mounts: Mounts::default(),
+            protocols: mounts.protocols().clone(),
+            mounts,
             shares: Registry::new(),
             accounts: OnceLock::new(),
             jobs: Jobs::default(),

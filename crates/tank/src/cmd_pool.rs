@@ -223,7 +223,7 @@ pub struct ListArgs {
     /// Scripted mode: no header, tab-separated.
     #[arg(short = 'H')]
     scripted: bool,
-    /// Columns: name,size,alloc,free,cap,health,guid,ashift,txg,usable.
+    /// Columns: name,size,alloc,free,frag,cap,health,guid,ashift,txg,usable.
     #[arg(short = 'o', value_delimiter = ',')]
     props: Vec<String>,
     #[arg(long)]
@@ -550,7 +550,7 @@ fn create(c: &Client, a: CreateArgs) -> Result<()> {
 
 fn list(c: &Client, a: ListArgs) -> Result<()> {
     let cols: Vec<String> = if a.props.is_empty() {
-        ["name", "size", "alloc", "free", "cap", "health"]
+        ["name", "size", "alloc", "free", "frag", "cap", "health"]
             .iter()
             .map(|s| s.to_string())
             .collect()
@@ -558,7 +558,7 @@ fn list(c: &Client, a: ListArgs) -> Result<()> {
         a.props.clone()
     };
     let known = [
-        "name", "size", "alloc", "free", "cap", "health", "guid", "ashift", "txg", "usable",
+        "name", "size", "alloc", "free", "frag", "cap", "health", "guid", "ashift", "txg", "usable",
     ];
     for col in &cols {
         if !known.contains(&col.as_str()) {
@@ -585,6 +585,7 @@ fn list(c: &Client, a: ListArgs) -> Result<()> {
                         "alloc" => h(p.allocated),
                         "free" => h(p.free),
                         "cap" => format!("{}%", p.capacity),
+                        "frag" => format!("{}%", p.fragmentation),
                         "health" => p.health.clone(),
                         "guid" => p.guid.to_string(),
                         "ashift" => p.ashift.to_string(),

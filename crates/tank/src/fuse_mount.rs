@@ -1,12 +1,16 @@
 //! The FUSE front end as the service's mounter: serves a dataset's filesystem handle at a
 //! directory (`tank_fuse`), with its snapshots under `.tank/snapshot`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use anyhow::Result;
 use tank_dataset::posix::Fs;
-use tank_fuse::{MountHandle, MountOptions, SnapshotSource};
+use tank_fuse::{MountHandle, MountOptions, RequestObserver, SnapshotSource};
 use tank_service::mounts::{MountRequest, MountedFs, Mounter, Snapshots};
+use tank_service::stats::{OpStats, ProtocolStats};
 
 pub struct FuseMounter;
 
@@ -24,10 +28,42 @@ impl SnapshotSource for SnapshotDir {
 
 struct Mounted(MountHandle);
 
+/// Counts a mount's requests in the service's per-protocol statistics (`fuse`), keeping
+/// each operation's counters at hand so a request costs no lock of the table.
+struct Observer {
+    protocols: Arc<ProtocolStats>,
+    ops: RwLock<HashMap<&'static str, Arc<OpStats>>>,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("fuse request counters")
+    }
+}
+
+impl RequestObserver for Observer {
+    fn observe(&self, op: &'static str, took: std::time::Duration) {
+        let known = self.ops.read().get(op).cloned();
+        let stats = match known {
+            Some(s) => s,
+            None => {
+                let s = self.protocols.op("fuse", op);
+                self.ops.write().insert(op, s.clone());
+                s
+            }
+        };
+        stats.record(took, false);
+    }
+}
+
 impl Mounter for FuseMounter {
     fn mount(&self, req: MountRequest) -> Result<Box<dyn MountedFs>> {
         let mut opts = MountOptions::new(&req.dataset);
         opts.sync = req.sync;
+        opts.observer = Some(Arc::new(Observer {
+            protocols: req.protocols.clone(),
+            ops: RwLock::new(HashMap::new()),
+        }));
         let snapshots: Arc<dyn SnapshotSource> = Arc::new(SnapshotDir(req.snapshots));
         let handle = tank_fuse::mount(req.fs, Some(snapshots), &req.dir, &opts)?;
         Ok(Box::new(Mounted(handle)))

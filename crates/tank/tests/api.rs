@@ -320,6 +320,46 @@ fn the_https_api_authenticates_authorizes_and_refuses_bad_input() {
     codes.sort();
     assert_eq!(codes, ["200", "404"]);
 
+    // Clients that go away mid-request: each request is done whole or not at all, and a
+    // retry sees which.
+    for i in 0..8 {
+        let _ = Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "--max-time", "0.02", "--cacert"])
+            .arg(d.data.join("tls/cert.pem"))
+            .args(["-X", "POST", "-H", hb.as_str(), "--data-binary"])
+            .arg(format!(
+                r#"{{"name": "tank/gone{i}", "kind": "filesystem"}}"#
+            ))
+            .arg(format!("{}/api/v1/dataset_create", d.url))
+            .output();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for i in 0..8 {
+        let (code, v) = post(
+            &d,
+            &boss,
+            "dataset_create",
+            &format!(r#"{{"name": "tank/gone{i}", "kind": "filesystem"}}"#),
+        );
+        assert!(code == 200 || code == 409, "tank/gone{i}: {code} {v}");
+        let (code, v) = post(
+            &d,
+            &boss,
+            "dataset_list",
+            &format!(r#"{{"names": ["tank/gone{i}"]}}"#),
+        );
+        assert_eq!(code, 200, "{v}");
+        let ds = &v["ok"]["response"]["data"]["datasets"][0];
+        assert_eq!(ds["kind"], "filesystem", "{v}");
+        let (code, v) = post(
+            &d,
+            &boss,
+            "dataset_destroy",
+            &format!(r#"{{"name": "tank/gone{i}"}}"#),
+        );
+        assert_eq!(code, 200, "{v}");
+    }
+
     // A session: cookie flags, CSRF on changes, logout.
     let jar = dir.path().join("jar");
     let jar_s = jar.to_string_lossy().into_owned();
@@ -474,6 +514,7 @@ for n in sorted(names):
         for family in [
             "tank_pool_health gauge",
             "tank_pool_size_bytes gauge",
+            "tank_pool_fragmentation_ratio gauge",
             "tank_vdev_errors counter",
             "tank_vdev_operations counter",
             "tank_vdev_latency_seconds histogram",
@@ -499,6 +540,17 @@ for n in sorted(names):
         text.contains("tank_pool_health{pool=\"tank\",state=\"ONLINE\"} 1"),
         "{text}"
     );
+    // The FUSE mount's requests are counted too (the daemon mounted the pool's root).
+    if common::fuse_missing().is_none() {
+        let mnt = data.join("mnt/tank");
+        std::fs::write(mnt.join("probe"), b"counted").unwrap();
+        assert_eq!(std::fs::read(mnt.join("probe")).unwrap(), b"counted");
+        let (_, text) = curl(&d, &boss, "/metrics");
+        assert!(
+            text.contains("tank_protocol_requests_total{protocol=\"fuse\",op=\"create\"}"),
+            "no FUSE requests in the metrics:\n{text}"
+        );
+    }
 
     // The OpenAPI document: valid, and every route of the API in it.
     let (code, doc) = curl(&d, &[], "/api/openapi.json");
