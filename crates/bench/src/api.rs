@@ -150,22 +150,33 @@ fn start(exe: &Path, data: &Path) -> Result<Daemon> {
 
 const STATUS: &str = r#"{"name": "tank"}"#;
 
-/// One client over the local socket: latencies in microseconds.
+/// One client over the local socket: latencies in microseconds. The daemon closes a
+/// connection after a bounded number of requests; the client then connects again (the
+/// request that found it closed is sent again and not timed).
 fn socket_client(sock: &Path, until: Instant) -> Result<Vec<u32>> {
-    let s = UnixStream::connect(sock)?;
-    let mut reader = BufReader::new(s.try_clone()?);
-    let mut w = s;
     let line = format!(
         "{{\"version\": {}, \"request\": {{\"op\": \"pool_status\", \"name\": \"tank\"}}}}\n",
         tank_service::API_VERSION
     );
     let mut lat = Vec::new();
     let mut reply = String::new();
+    let mut conn: Option<(BufReader<UnixStream>, UnixStream)> = None;
     while Instant::now() < until {
+        let (reader, w) = match &mut conn {
+            Some(c) => c,
+            None => {
+                let s = UnixStream::connect(sock)?;
+                conn.insert((BufReader::new(s.try_clone()?), s))
+            }
+        };
         let t = Instant::now();
-        w.write_all(line.as_bytes())?;
         reply.clear();
-        reader.read_line(&mut reply)?;
+        let answered = w.write_all(line.as_bytes()).is_ok()
+            && reader.read_line(&mut reply).is_ok_and(|n| n > 0);
+        if !answered {
+            conn = None;
+            continue;
+        }
         if !reply.starts_with("{\"ok\"") {
             bail!("the socket answered: {reply}");
         }
