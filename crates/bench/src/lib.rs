@@ -17,6 +17,7 @@ pub mod fsbench;
 pub mod link;
 pub mod plan;
 pub mod profile;
+pub mod run;
 
 pub use plan::{Assessment, Layout, PlanInput, VdevType, Workload};
 pub use profile::{DeviceProfile, DiskKind, HddModel, SsdModel};

@@ -28,6 +28,7 @@
 mod attr;
 mod cred;
 mod mount;
+mod mounter;
 mod nodes;
 mod options;
 mod ring;
@@ -38,6 +39,7 @@ use std::sync::Arc;
 use tank_dataset::posix::Fs;
 
 pub use mount::{mount, unmount, MountHandle, Unmounter, FS_TYPE, FUSE_DEVICE};
+pub use mounter::FuseMounter;
 pub use nodes::{INO_BITS, SNAPSHOT_SLOTS};
 pub use options::{MountError, MountOptions, WritebackCache};
 pub use ring::{enable_kernel_io_uring, kernel_offers as io_uring_offered};

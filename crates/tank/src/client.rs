@@ -61,8 +61,7 @@ impl Client {
     /// A service of this command's own (no daemon runs), with the FUSE front end.
     pub fn local() -> Client {
         let svc = Service::new(&data_dir(), Mode::Command);
-        svc.mounts
-            .set_mounter(Arc::new(crate::fuse_mount::FuseMounter));
+        svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));
         Client::Local(Arc::new(svc))
     }
 

@@ -220,8 +220,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
     }
     let svc = Arc::new(Service::new(&dir, Mode::Daemon));
-    svc.mounts
-        .set_mounter(Arc::new(crate::fuse_mount::FuseMounter));
+    svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));
     for entry in PoolCache::load(&dir)?.pools {
         // Imported through the cache as a command would, then kept open.
         let opened = match svc.open(&entry.name) {

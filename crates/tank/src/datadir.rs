@@ -11,8 +11,6 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
-
 /// The data directory, absolute: resolved at the first call (`main` makes it at start) and
 /// the same for the life of the process.
 pub fn data_dir() -> PathBuf {
@@ -38,35 +36,8 @@ fn absolute(dir: &Path) -> PathBuf {
 
 pub use tank_service::pools::PoolCache;
 
-/// Parses a size such as `512`, `64K`, `64M`, `1.5G`, `16GiB`, `2T` (powers of 1024), as
-/// dataset properties do.
-pub fn parse_size(s: &str) -> Result<u64> {
-    tank_dataset::props::parse_size(s, false).map_err(|e| anyhow::anyhow!(e))
-}
-
-/// The largest record size of a dataset (and so of anything measured through one).
-pub const DATASET_MAX_RECORD: u64 = 1 << 20;
-
-/// A record size for the benchmarks: a power of two from 512 bytes to `max`.
-pub fn parse_recordsize(s: &str, max: u64) -> Result<u32> {
-    let r = parse_size(s)?;
-    if !r.is_power_of_two() || !(512..=max).contains(&r) {
-        anyhow::bail!(
-            "invalid record size '{s}': a power of two from 512 to {}",
-            human(max)
-        );
-    }
-    Ok(r as u32)
-}
-
-/// Formats bytes as zpool does: 1.50G, 512M, 4K (bytes below 1K without a unit).
-pub fn human(bytes: u64) -> String {
-    if bytes < 1024 {
-        bytes.to_string()
-    } else {
-        tank_dataset::props::human(bytes)
-    }
-}
+/// Sizes as the commands parse and show them (the runners' own).
+pub use tank_bench::run::util::{human, parse_size};
 
 #[cfg(test)]
 mod tests {

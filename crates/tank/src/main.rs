@@ -12,13 +12,7 @@
 
 #[macro_use]
 mod out;
-mod awake;
-mod bench;
 mod bench_api;
-mod bench_cache;
-mod bench_mounts;
-mod bench_scrub;
-mod bench_sync;
 mod client;
 mod cmd_account;
 mod cmd_arc;
@@ -29,13 +23,13 @@ mod cmd_share;
 mod daemon;
 mod datadir;
 mod demo;
-mod emulate;
-mod fsbench;
-mod fuse_mount;
 mod mounts;
-mod plan;
 
 use clap::{Parser, Subcommand};
+use tank_bench::run::{
+    cache as bench_cache, engine as bench, fs as fsbench, plan, scrub as bench_scrub,
+    sync as bench_sync,
+};
 
 /// mimalloc keeps freed memory for reuse: the data path allocates and frees buffers of 128 KiB
 /// to several MiB per block, which with the system allocator means fresh mappings and page
@@ -181,7 +175,7 @@ fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
     // The data directory is made absolute once, here, against the directory tank started in.
-    datadir::data_dir();
+    tank_bench::run::util::set_data_dir(datadir::data_dir());
     if let Err(e) = cmd_arc::apply_env() {
         eprintln!("tank: {}", crate::out::chain(&e));
         std::process::exit(2);

@@ -1,22 +1,22 @@
 //! `tank bench PATH` and `tank bench --emulate BUILD`: the bonnie++-style benchmark of a
 //! directory or of an emulated build (`emulate.rs`), with history, comparison and a chart.
-//! The phases and their aggregation are in `tank_bench::fsbench`, the link model in
-//! `tank_bench::link`.
+//! The phases and their aggregation are in `crate::fsbench`, the link model in
+//! `crate::link`.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::emulate::EmulatedBuild;
+use crate::fsbench::{self, FsBenchConfig, Summary, FIGURE_NAMES};
+use crate::link::{Link, LinkProfile};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use comfy_table::{presets, Table};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use tank_bench::emulate::EmulatedBuild;
-use tank_bench::fsbench::{self, FsBenchConfig, Summary, FIGURE_NAMES};
-use tank_bench::link::{Link, LinkProfile};
 
-use crate::datadir::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
+use crate::run::util::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 
 #[derive(Args)]
 pub struct FsBenchArgs {
@@ -118,7 +118,7 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
     if a.compare {
         return compare(a.json);
     }
-    crate::emulate::clean_up_on_signal();
+    crate::run::emulated::clean_up_on_signal();
     // A dataset's record size through FUSE; the engine level takes up to 16M; any request
     // size for a directory.
     let recordsize = match (&a.emulate, a.engine) {
@@ -146,9 +146,9 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         (None, None) => 2 * ram_bytes(),
     };
     if let Some(spec) = &a.emulate {
-        crate::emulate::set_arc(arc)?;
+        crate::run::emulated::set_arc(arc)?;
         if a.engine {
-            return crate::emulate::run_engine(spec, size, recordsize as u32, a.runs, a.json);
+            return crate::run::emulated::run_engine(spec, size, recordsize as u32, a.runs, a.json);
         }
     }
     let link = match &a.link {
@@ -196,7 +196,9 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         let _ = std::io::stderr().flush();
     };
     let runs = match (&build, &a.path) {
-        (Some(build), _) => crate::emulate::fs_runs(build, &cfg, &a.primarycache, &mut progress)?,
+        (Some(build), _) => {
+            crate::run::emulated::fs_runs(build, &cfg, &a.primarycache, &mut progress)?
+        }
         (None, Some(path)) => fsbench::run(path, &cfg, &mut progress)
             .with_context(|| format!("benchmark of {}", path.display()))?,
         (None, None) => unreachable!("a target was checked above"),

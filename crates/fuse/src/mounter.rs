@@ -1,14 +1,15 @@
-//! The FUSE front end as the service's mounter: serves a dataset's filesystem handle at a
-//! directory (`tank_fuse`), with its snapshots under `.tank/snapshot`.
+//! The FUSE front end as the service's mounter: serves a dataset's shared filesystem
+//! handle at a directory, with its snapshots under `.tank/snapshot`, and counts its
+//! requests in the service's per-protocol statistics.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::{MountHandle, MountOptions, RequestObserver, SnapshotSource};
 use anyhow::Result;
 use tank_dataset::posix::Fs;
-use tank_fuse::{MountHandle, MountOptions, RequestObserver, SnapshotSource};
 use tank_service::mounts::{MountRequest, MountedFs, Mounter, Snapshots};
 use tank_service::stats::{OpStats, ProtocolStats};
 
@@ -65,7 +66,7 @@ impl Mounter for FuseMounter {
             ops: RwLock::new(HashMap::new()),
         }));
         let snapshots: Arc<dyn SnapshotSource> = Arc::new(SnapshotDir(req.snapshots));
-        let handle = tank_fuse::mount(req.fs, Some(snapshots), &req.dir, &opts)?;
+        let handle = crate::mount(req.fs, Some(snapshots), &req.dir, &opts)?;
         Ok(Box::new(Mounted(handle)))
     }
 }

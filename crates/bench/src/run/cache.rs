@@ -22,17 +22,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::emulate::EmulatedBuild;
+use crate::fsbench::median;
 use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
-use tank_bench::emulate::EmulatedBuild;
-use tank_bench::fsbench::median;
 use tank_object::arc::AdaptiveCache;
 use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::Pool;
 
-use crate::datadir::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
-use crate::emulate::{create_pool, TempDir};
+use crate::run::emulated::{create_pool, TempDir};
+use crate::run::util::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 
 #[derive(Args)]
 pub struct CacheBenchArgs {
@@ -92,7 +92,7 @@ pub(crate) fn fill_object(store: &ObjectStore, recordsize: u32, bytes: u64) -> R
         let tx = store.begin(0)?;
         os.create_object(&tx, 1, recordsize)?
     };
-    let chunk = tank_bench::fsbench::pattern(8 << 20, 0x9e37_79b9_7f4a_7c15);
+    let chunk = crate::fsbench::pattern(8 << 20, 0x9e37_79b9_7f4a_7c15);
     let mut off = 0;
     while off < bytes {
         let n = (chunk.len() as u64).min(bytes - off) as usize;
@@ -268,7 +268,7 @@ fn rss_run(p: &Params) -> Result<(u64, u64, u64, u64)> {
 }
 
 pub fn run(a: CacheBenchArgs) -> Result<()> {
-    crate::emulate::clean_up_on_signal();
+    crate::run::emulated::clean_up_on_signal();
     let p = Params {
         arc: parse_size(&a.arc)?,
         ws: parse_size(&a.working_set)?,

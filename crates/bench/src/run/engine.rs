@@ -48,18 +48,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::fsbench::median;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use comfy_table::{presets, Table};
 use rand::{RngCore, SeedableRng};
-use tank_bench::fsbench::median;
 use tank_dataset::{DatasetKind, Dsl, Op};
 use tank_device::DeviceRef;
 use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
 
-use crate::bench_mounts::{mount_dataset, unmount_pool};
-use crate::datadir::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
+use crate::run::mounts::{mount_dataset, unmount_pool};
+use crate::run::util::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 use tank_service::pools::{open_datasets, open_device};
 
 #[derive(Args)]
@@ -490,7 +490,8 @@ fn small_phase(a: &BenchArgs, root: &Path) -> Result<Option<Small>> {
 
 /// CPU time of this process, without `--awake`'s spinners.
 fn cpu_seconds() -> f64 {
-    crate::awake::stat_cpu_seconds("/proc/self/stat") - crate::awake::spinners_cpu_seconds()
+    crate::run::awake::stat_cpu_seconds("/proc/self/stat")
+        - crate::run::awake::spinners_cpu_seconds()
 }
 
 fn run_cmd(cmd: &str, args: &[&str]) -> Result<()> {
@@ -595,7 +596,7 @@ fn zfs_fuse_run(
     if let Err(e) = destroyed {
         eprintln!(
             "warning: could not destroy the zfs-fuse bench pool: {}",
-            crate::out::chain(&e)
+            tank_service::error::chain(&e)
         );
     }
     remove_files(&names);
@@ -637,7 +638,7 @@ impl FusePool {
 
 impl Drop for FusePool {
     fn drop(&mut self) {
-        crate::emulate::tear_down(FUSE_POOL, self.open.take().map(|o| o.0));
+        crate::run::emulated::tear_down(FUSE_POOL, self.open.take().map(|o| o.0));
         remove_files(&self.names);
     }
 }
@@ -869,9 +870,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .with_context(|| format!("cannot create {}", a.dir.display()))?;
     let mut data = vec![0u8; 8 << 20];
     rand::rngs::StdRng::seed_from_u64(42).fill_bytes(&mut data);
-    let idle_states = crate::awake::idle_states();
+    let idle_states = crate::run::awake::idle_states();
     let awake = if a.awake {
-        Some(crate::awake::Awake::start()?)
+        Some(crate::run::awake::Awake::start()?)
     } else {
         None
     };

@@ -27,18 +27,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::emulate::EmulatedBuild;
+use crate::fsbench::{self, median, FsBenchConfig, FsFigures};
+use crate::DeviceProfile;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use tank_bench::emulate::EmulatedBuild;
-use tank_bench::fsbench::{self, median, FsBenchConfig, FsFigures};
-use tank_bench::DeviceProfile;
 use tank_dataset::{DatasetKind, Dsl, Op};
 use tank_device::{BlockDevice, DeviceRef, EmulatedDevice, FileDevice, FileDeviceOptions};
 use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, Pool, PoolSpec};
 
-use crate::bench_mounts::{mount_dataset, unmount_pool};
-use crate::datadir::{data_dir, human};
+use crate::run::mounts::{mount_dataset, unmount_pool};
+use crate::run::util::{data_dir, human};
 use tank_service::pools::open_datasets;
 
 /// The emulated pool's name and its benchmark filesystem.
@@ -96,7 +96,7 @@ pub fn clean_up_on_signal() {
                 eprintln!("\ntank: interrupted: removing the benchmark's files");
                 fsbench::interrupt();
                 std::thread::sleep(FORCED_AFTER);
-                crate::bench_mounts::detach_pool(POOL);
+                crate::run::mounts::detach_pool(POOL);
                 fsbench::remove_tracked();
                 std::process::exit(128 + sig);
             }
@@ -220,7 +220,7 @@ pub fn tear_down(name: &str, pool: Option<Arc<Pool>>) {
     if let Err(e) = unmount_pool(name) {
         eprintln!(
             "warning: cannot unmount the benchmark's filesystem: {}",
-            crate::out::chain(&e)
+            tank_service::error::chain(&e)
         );
     }
     if let Some(pool) = pool {

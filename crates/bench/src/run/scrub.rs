@@ -29,7 +29,7 @@ use tank_device::DeviceRef;
 use tank_object::{ObjectStore, ScanPhase, ROOT_OBJSET};
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec};
 
-use crate::datadir::parse_size;
+use crate::run::util::parse_size;
 use tank_service::pools::open_device;
 
 #[derive(Args)]
@@ -356,7 +356,7 @@ pub fn run(a: ScrubBenchArgs) -> Result<()> {
         (full, tenth, ratio)
     });
     if a.json {
-        outln!(
+        println!(
             "{}",
             serde_json::json!({
                 "layout": format!("{} of {}", a.layout, a.devices),
@@ -377,33 +377,33 @@ pub fn run(a: ScrubBenchArgs) -> Result<()> {
             })
         );
     } else {
-        outln!(
+        println!(
             "{} of {}, {} of data, median of {} runs:",
             a.layout,
             a.devices,
-            crate::datadir::human(size),
+            crate::run::util::human(size),
             a.runs
         );
-        outln!("  raw cold read of the same bytes  {:>8.0} MB/s", raw / mb);
-        outln!(
+        println!("  raw cold read of the same bytes  {:>8.0} MB/s", raw / mb);
+        println!(
             "  scrub (device bytes read)        {:>8.0} MB/s   scrub / raw: {scrub_ratio:.2}",
             scrub / mb
         );
-        outln!(
+        println!(
             "  healthy cold read                {:>8.0} MB/s",
             healthy / mb
         );
-        outln!(
+        println!(
             "  degraded read ({} missing)       {:>8.0} MB/s   degraded / healthy: {degraded_ratio:.2}",
             a.missing,
             degraded / mb
         );
         if let Some(((fs, fa), (ts, ta), ratio)) = resilver {
-            outln!(
+            println!(
                 "  resilver, pool {:.0}% allocated    {fs:>8.2} s",
                 fa * 100.0
             );
-            outln!(
+            println!(
                 "  resilver, pool {:.0}% allocated     {ts:>8.2} s      tenth / full: {ratio:.2}",
                 ta * 100.0
             );

@@ -15,7 +15,7 @@ fn mounts() -> &'static Mounts {
     static MOUNTS: OnceLock<Mounts> = OnceLock::new();
     MOUNTS.get_or_init(|| {
         let m = Mounts::default();
-        m.set_mounter(Arc::new(crate::fuse_mount::FuseMounter));
+        m.set_mounter(Arc::new(tank_fuse::FuseMounter));
         m
     })
 }

@@ -16,18 +16,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::emulate::EmulatedBuild;
+use crate::fsbench::median;
 use anyhow::{bail, Result};
 use clap::Args;
 use parking_lot::Mutex;
 use serde::Serialize;
-use tank_bench::emulate::EmulatedBuild;
-use tank_bench::fsbench::median;
 use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::Pool;
 
-use crate::bench_cache::run_threads;
-use crate::datadir::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
-use crate::emulate::{create_pool, TempDir};
+use crate::run::cache::run_threads;
+use crate::run::emulated::{create_pool, TempDir};
+use crate::run::util::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 
 #[derive(Args)]
 pub struct SyncBenchArgs {
@@ -85,7 +85,7 @@ fn sync_writes(store: &Arc<ObjectStore>, id: u64, p: &Params) -> Result<Phase> {
     let (st, all, write) = (store.clone(), lat.clone(), p.write);
     let secs = run_threads(p.threads, p.seconds, move |k, stop| {
         let os = st.objset(ROOT_OBJSET)?;
-        let buf = tank_bench::fsbench::pattern(write as usize, k as u64 + 7);
+        let buf = crate::fsbench::pattern(write as usize, k as u64 + 7);
         let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ ((k as u64 + 1) << 40);
         let mut mine = Vec::new();
         while !stop.load(Ordering::Relaxed) {
@@ -124,7 +124,7 @@ fn phase(build: &EmulatedBuild, p: &Params, run: usize, tag: &str) -> Result<Pha
     let result = (|| -> Result<Phase> {
         let store = ObjectStore::open(pool.clone())?;
         let os = store.objset(ROOT_OBJSET)?;
-        let id = crate::bench_cache::fill_object(&store, p.recordsize, p.file)?;
+        let id = crate::run::cache::fill_object(&store, p.recordsize, p.file)?;
         // The first commit makes the log's place (a txg when it is a region of the pool);
         // then the blocks are warm.
         {
@@ -142,7 +142,7 @@ fn phase(build: &EmulatedBuild, p: &Params, run: usize, tag: &str) -> Result<Pha
 }
 
 pub fn run(a: SyncBenchArgs) -> Result<()> {
-    crate::emulate::clean_up_on_signal();
+    crate::run::emulated::clean_up_on_signal();
     let p = Params {
         file: parse_size(&a.file)?,
         recordsize: parse_recordsize(&a.recordsize, DATASET_MAX_RECORD)?,
@@ -156,7 +156,7 @@ pub fn run(a: SyncBenchArgs) -> Result<()> {
     if !(p.seconds > 0.0 && p.seconds <= 3600.0) || a.runs == 0 {
         bail!("--seconds must be in (0, 3600] and --runs at least 1");
     }
-    let (with, without) = crate::bench_cache::with_and_without(&a.emulate, "log")?;
+    let (with, without) = crate::run::cache::with_and_without(&a.emulate, "log")?;
     let mut rows: Vec<(Phase, Phase)> = Vec::new();
     for r in 0..a.runs {
         eprintln!("run {}/{}: {} ...", r + 1, a.runs, a.emulate);

@@ -1,28 +1,28 @@
-//! `tank plan`: which layout for these disks? See `tank_bench::plan` for the models.
+//! `tank plan`: which layout for these disks? See `crate::plan` for the models.
 //!
 //! `--measure` then runs `tank bench`'s phases on emulated builds of the candidate layouts
 //! (the disks' profile, capacity scaled down) at each record size asked, one new pool per
 //! measurement, and ranks them by the figures the workload needs
-//! (`tank_bench::plan::measured_score`): the record size x layout sensitivity analysis of
+//! (`crate::plan::measured_score`): the record size x layout sensitivity analysis of
 //! the reference builds, in minutes instead of days.
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::emulate::EmulatedBuild;
+use crate::fsbench::{summarize, FsBenchConfig, FsFigures};
+use crate::link::{Link, LinkProfile};
+use crate::plan::{
+    assess, cache_advice, enumerate, measure_candidates, measured_score, recommend, validate_input,
+};
+use crate::profile::parse_quantity;
+use crate::{Assessment, DeviceProfile, Layout, PlanInput, VdevType, Workload};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use comfy_table::{presets, Table};
-use tank_bench::emulate::EmulatedBuild;
-use tank_bench::fsbench::{summarize, FsBenchConfig, FsFigures};
-use tank_bench::link::{Link, LinkProfile};
-use tank_bench::plan::{
-    assess, cache_advice, enumerate, measure_candidates, measured_score, recommend, validate_input,
-};
-use tank_bench::profile::parse_quantity;
-use tank_bench::{Assessment, DeviceProfile, Layout, PlanInput, VdevType, Workload};
 
-use crate::datadir::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
+use crate::run::util::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -127,7 +127,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         link: a
             .link
             .as_deref()
-            .map(tank_bench::profile::link_bandwidth)
+            .map(crate::profile::link_bandwidth)
             .transpose()?,
     };
     validate_input(&input)?;
@@ -267,8 +267,8 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
         ],
     };
     let arc = parse_size(&a.arc)?;
-    crate::emulate::set_arc(arc)?;
-    crate::emulate::clean_up_on_signal();
+    crate::run::emulated::set_arc(arc)?;
+    crate::run::emulated::clean_up_on_signal();
     let size = match &a.size {
         Some(s) => parse_size(s)?,
         None => 4 * arc,
@@ -328,7 +328,7 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
                 last_len = line.len();
                 let _ = std::io::stderr().flush();
             };
-            let runs = crate::emulate::fs_runs(&build, &cfg, &a.primarycache, &mut progress)
+            let runs = crate::run::emulated::fs_runs(&build, &cfg, &a.primarycache, &mut progress)
                 .with_context(|| format!("measuring {what}"))?;
             let median = summarize(&runs).median;
             results.push(Measured {
