@@ -177,16 +177,6 @@ fn table(header: &[&str]) -> Table {
     t
 }
 
-fn pairs(items: &[String]) -> Result<Vec<(String, String)>> {
-    items
-        .iter()
-        .map(|s| match s.split_once('=') {
-            Some((k, v)) => Ok((k.to_string(), v.to_string())),
-            None => bail!("expected KEY=VALUE, got '{s}'"),
-        })
-        .collect()
-}
-
 /// Sends a change and prints what it answers.
 fn done(req: Request) -> Result<()> {
     match call(req)? {
@@ -226,7 +216,7 @@ pub fn run_user(c: UserCmd) -> Result<()> {
             })?;
         }
         UserCmd::Set(x) => {
-            let settings = pairs(&x.settings)?;
+            let settings = crate::out::pairs(&x.settings)?;
             let name = x.name.clone();
             call(Request::UserSet {
                 name: x.name,

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
 use comfy_table::{presets, Table};
 use tank_service::api::{Request, Response};
@@ -55,16 +55,6 @@ pub struct NameArg {
     pub name: String,
 }
 
-fn pairs(items: &[String]) -> Result<Vec<(String, String)>> {
-    items
-        .iter()
-        .map(|s| match s.split_once('=') {
-            Some((k, v)) => Ok((k.to_string(), v.to_string())),
-            None => bail!("expected KEY=VALUE, got '{s}'"),
-        })
-        .collect()
-}
-
 fn share(req: Request) -> Result<tank_service::shares::ShareInfo> {
     match call(req)? {
         Response::Share(s) => Ok(s),
@@ -75,7 +65,8 @@ fn share(req: Request) -> Result<tank_service::shares::ShareInfo> {
 pub fn run(c: ShareCmd) -> Result<()> {
     match c {
         ShareCmd::Add(a) => {
-            let options: BTreeMap<String, String> = pairs(&a.options)?.into_iter().collect();
+            let options: BTreeMap<String, String> =
+                crate::out::pairs(&a.options)?.into_iter().collect();
             let s = share(Request::ShareAdd {
                 protocol: a.protocol,
                 name: a.name,
@@ -111,7 +102,7 @@ pub fn run(c: ShareCmd) -> Result<()> {
         ShareCmd::Set(a) => {
             let s = share(Request::ShareSet {
                 name: a.name,
-                settings: pairs(&a.settings)?,
+                settings: crate::out::pairs(&a.settings)?,
             })?;
             outln!("share '{}' of {} updated", s.name, s.dataset);
         }

@@ -19,6 +19,17 @@ pub fn resolve(path: &std::path::Path) -> std::path::PathBuf {
     }
 }
 
+/// `KEY=VALUE` arguments as pairs; anything else is refused with the argument named.
+pub fn pairs(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|s| match s.split_once('=') {
+            Some((k, v)) => Ok((k.to_string(), v.to_string())),
+            None => anyhow::bail!("expected KEY=VALUE, got '{s}'"),
+        })
+        .collect()
+}
+
 pub fn write_out(s: &str) {
     let mut o = std::io::stdout().lock();
     let _ = o.write_all(s.as_bytes());

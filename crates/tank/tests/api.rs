@@ -10,6 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use tank_bench::api::rss;
+
 struct Daemon {
     child: Child,
     url: String,
@@ -226,6 +228,89 @@ fn the_https_api_authenticates_authorizes_and_refuses_bad_input() {
     assert_eq!(code, 200, "{v}");
     let (code, v) = post(&d, &user, "key_add", r#"{"user": "boss"}"#);
     assert_eq!(code, 403, "{v}");
+    // Every family of requests over HTTPS: (request, body, a user's answer). Anonymous
+    // callers get 401 for each; the administrator's own answers follow below.
+    for (op, body, as_user) in [
+        ("hello", "", 200),
+        ("pool_list", "", 200),
+        ("pool_status", r#"{"name": "tank"}"#, 200),
+        ("pool_history", r#"{"name": "tank"}"#, 200),
+        ("pool_events", r#"{"name": "tank"}"#, 200),
+        ("pool_get", r#"{"name": "tank"}"#, 200),
+        (
+            "pool_set",
+            r#"{"name": "tank", "property": "autoreplace", "value": "on"}"#,
+            403,
+        ),
+        (
+            "pool_offline",
+            r#"{"name": "tank", "device": "disk0"}"#,
+            403,
+        ),
+        ("pool_export", r#"{"name": "tank"}"#, 403),
+        ("pool_events_clear", "", 403),
+        ("dataset_list", "", 200),
+        (
+            "dataset_create",
+            r#"{"name": "tank/u", "kind": "filesystem"}"#,
+            403,
+        ),
+        (
+            "dataset_set",
+            r#"{"name": "tank", "props": [["atime", "off"]]}"#,
+            403,
+        ),
+        ("snapshot", r#"{"names": ["tank@u"]}"#, 403),
+        ("rollback", r#"{"snapshot": "tank@u"}"#, 403),
+        (
+            "clone",
+            r#"{"snapshot": "tank@u", "target": "tank/c"}"#,
+            403,
+        ),
+        ("mount_list", "", 200),
+        ("unmount", r#"{"target": "tank"}"#, 403),
+        ("user_list", "", 403),
+        (
+            "user_passwd",
+            r#"{"name": "alice", "password": "alice's long password"}"#,
+            200,
+        ),
+        (
+            "user_passwd",
+            r#"{"name": "boss", "password": "taken over!"}"#,
+            403,
+        ),
+        ("group_list", "", 403),
+        ("key_list", r#"{"user": "alice"}"#, 200),
+        ("key_list", "", 403),
+        ("token_list", r#"{"user": "boss"}"#, 403),
+        ("accounts_export", "", 403),
+        ("share_list", "", 200),
+        (
+            "share_add",
+            r#"{"protocol": "smb", "name": "s", "dataset": "tank"}"#,
+            403,
+        ),
+        ("job_list", "", 200),
+        ("cache_stats", "", 200),
+        ("param_list", "", 200),
+        (
+            "param_set",
+            r#"{"name": "l2arc_feed_secs", "value": "2"}"#,
+            403,
+        ),
+        ("debug_object_list", r#"{"pool": "tank", "objset": 0}"#, 403),
+    ] {
+        let (code, v) = post(&d, &user, op, body);
+        assert_eq!(code, as_user, "alice {op} {body}: {v}");
+        let (code, v) = post(&d, &[], op, body);
+        assert_eq!(
+            (code, kind(&v)),
+            (401, "unauthenticated"),
+            "anonymous {op}: {v}"
+        );
+    }
+
     // The administrator does everything.
     let (code, v) = post(
         &d,
@@ -608,17 +693,6 @@ for n in sorted(names):
             "python3 has no openapi_spec_validator (pip install openapi-spec-validator)",
         );
     }
-}
-
-/// The daemon's resident memory, in bytes.
-fn rss(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
 }
 
 /// 200 clients at once for a minute (`TANK_SOAK_SECS` to change it), each a bounded loop of
