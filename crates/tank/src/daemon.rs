@@ -19,8 +19,10 @@
 //! malformed line, an unknown field or a newer API version gets a clear error and changes
 //! nothing.
 //!
-//! SIGTERM or SIGINT unmounts every filesystem, syncs and exports every pool (they stay in
-//! the cache file, so the next start imports them), removes the socket and exits.
+//! The HTTPS API (`tank_api`) runs beside the socket on the same service, on `--api`
+//! (default 127.0.0.1:8443). SIGTERM or SIGINT stops the API, then unmounts every
+//! filesystem, syncs and exports every pool (they stay in the cache file, so the next start
+//! imports them), removes the socket and exits.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -268,7 +270,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             dir.join("accounts.redb").display()
         )
     })?;
-    let _api = if a.no_api {
+    let api = if a.no_api {
         None
     } else {
         let addr: std::net::SocketAddr = a.api.parse().map_err(|_| {
@@ -338,6 +340,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     ])?;
     let sig = signals.forever().next();
     println!("signal {}: stopping", sig.unwrap_or(0));
+    // No new requests: the API first (requests in flight finish), then the socket.
+    if let Some(api) = api {
+        api.stop();
+    }
     let _ = std::fs::remove_file(&sock);
     let names: Vec<String> = svc.open_pools().iter().map(|o| o.pool.name()).collect();
     let problems = svc.shutdown(true);
