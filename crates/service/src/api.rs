@@ -260,6 +260,10 @@ pub enum Request {
         /// Even while front ends hold it (they are told, and let go).
         #[serde(default)]
         force: bool,
+        /// Answer at once with a job, and destroy the datasets one by one in the
+        /// background (children first), with progress in bytes freed.
+        #[serde(default)]
+        background: bool,
     },
     Snapshot {
         names: Vec<String>,
@@ -593,6 +597,11 @@ pub enum Response {
     /// How many datasets and snapshots a destroy removed.
     Destroyed {
         count: usize,
+    },
+    /// Long work started in the background; `job_get` follows it.
+    JobStarted {
+        job: u64,
+        message: String,
     },
     Mounted(MountInfo),
     Mounts(Vec<MountInfo>),

@@ -5,8 +5,10 @@
 //! counters in the scan state), so its job is a view: each scan a pool has run while this
 //! service held it gets a job id the first time it is seen (keyed by pool, kind and start
 //! time), and its progress is read from the pool's scan status whenever it is asked for.
-//! Other long work (a benchmark, the destroy of a big dataset) registers a [`Progress`]
-//! that its worker updates. Ids are unique for the life of the service.
+//! Other long work registers a [`Progress`] that its worker updates: the destroy of a
+//! dataset tree in the background (`dataset_destroy` with `background`), in bytes of the
+//! datasets destroyed so far, with the rate and time left that follow. Ids are unique for
+//! the life of the service.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +72,60 @@ fn scan_job(id: u64, pool: &str, st: &tank_object::ScanStatus) -> Job {
         rate: if st.running { st.rate } else { 0.0 },
         eta_secs: if st.running { st.eta_secs } else { None },
         detail,
+    }
+}
+
+impl Progress {
+    /// A job of `kind` on `target`, started now, of `total_bytes`.
+    pub fn new(kind: &str, target: &str, total_bytes: u64) -> Arc<Progress> {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Arc::new(Progress {
+            job: Mutex::new(Some(Job {
+                id: 0,
+                kind: kind.into(),
+                target: target.into(),
+                state: "running".into(),
+                started,
+                done_bytes: 0,
+                total_bytes,
+                rate: 0.0,
+                eta_secs: None,
+                detail: String::new(),
+            })),
+        })
+    }
+
+    /// Records `done` bytes of the total after `elapsed`, with the rate and time left
+    /// that follow from them.
+    pub fn advance(&self, done: u64, elapsed: std::time::Duration, detail: String) {
+        if let Some(j) = self.job.lock().as_mut() {
+            j.done_bytes = done;
+            let secs = elapsed.as_secs_f64().max(1e-3);
+            j.rate = done as f64 / secs;
+            j.eta_secs = (j.rate > 0.0).then(|| j.total_bytes.saturating_sub(done) as f64 / j.rate);
+            j.detail = detail;
+        }
+    }
+
+    /// Ends the job: `finished`, or `failed` with why.
+    pub fn end(&self, result: Result<String, String>) {
+        if let Some(j) = self.job.lock().as_mut() {
+            j.rate = 0.0;
+            j.eta_secs = None;
+            match result {
+                Ok(detail) => {
+                    j.state = "finished".into();
+                    j.detail = detail;
+                }
+                Err(why) => {
+                    j.state = "failed".into();
+                    j.detail = why;
+                }
+            }
+        }
     }
 }
 

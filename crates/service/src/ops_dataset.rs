@@ -12,6 +12,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::bail;
+
 use tank_dataset::{DatasetKind, Dsl, Op};
 
 use crate::api::{MountInfo, Request, Response};
@@ -47,6 +49,103 @@ impl Service {
         for line in self.mounts.remount(&o.dsl, &o.store, &list) {
             ctx.note(line);
         }
+    }
+
+    /// A destroy as a job: the checks and the unmounts now, then each dataset of the tree
+    /// (deepest first, with its snapshots) in a sync task of its own on a worker thread,
+    /// the job counting the bytes each one held.
+    fn destroy_in_background(
+        &self,
+        ctx: &mut Ctx,
+        name: String,
+        recursive: bool,
+        dependents: bool,
+        force: bool,
+    ) -> Res<Response> {
+        if name.contains('@') {
+            return Err(ServiceError::Invalid(
+                "a snapshot is destroyed at once; background destroys are for datasets".into(),
+            ));
+        }
+        let (o, total, steps) = self.on_pool(ctx, &name, |o, _| {
+            let root = o.dsl.resolve(&name)?;
+            let mut steps: Vec<(String, u64)> = Vec::new();
+            for id in o.dsl.subtree(root) {
+                let rec = o.dsl.record(id)?;
+                if rec.kind == DatasetKind::Snapshot {
+                    continue;
+                }
+                let info = o.dsl.info(id)?;
+                let own = |p: &str| {
+                    info.prop(p)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                steps.push((
+                    o.dsl.name_of(id),
+                    own("usedbydataset") + own("usedbysnapshots"),
+                ));
+            }
+            if steps.len() > 1 && !recursive {
+                bail!(ServiceError::Busy(format!(
+                    "cannot destroy '{name}': it has children; destroy them too (recursive)"
+                )));
+            }
+            self.mounts.unmount_tree(&name)?;
+            self.mounts
+                .handles()
+                .before_destroy(&o.dsl.pool_name(), &name, force)?;
+            // Deepest first: a parent goes after its children.
+            steps.sort_by_key(|(n, _)| std::cmp::Reverse(n.matches('/').count()));
+            let total = steps.iter().map(|(_, b)| b).sum::<u64>();
+            Ok((o.clone(), total, steps))
+        })?;
+        let progress = crate::jobs::Progress::new("destroy", &name, total);
+        let id = self.jobs.start(progress.clone());
+        let lock = self.pool_lock(&name);
+        let command = ctx.command.clone();
+        std::thread::Builder::new()
+            .name("tank-destroy".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let (mut done, mut count) = (0u64, 0usize);
+                let n = steps.len();
+                for (i, (ds, bytes)) in steps.into_iter().enumerate() {
+                    let r = {
+                        let _l = lock.lock();
+                        o.dsl.run(Op::Destroy {
+                            name: ds.clone(),
+                            recursive: true,
+                            dependents,
+                        })
+                    };
+                    match r {
+                        Ok(gone) => count += gone.len(),
+                        Err(e) => {
+                            progress.end(Err(format!(
+                                "cannot destroy '{ds}': {e} ({count} datasets and snapshots destroyed before)"
+                            )));
+                            return;
+                        }
+                    }
+                    done += bytes;
+                    progress.advance(
+                        done,
+                        started.elapsed(),
+                        format!("destroyed {ds} ({} of {n} datasets)", i + 1),
+                    );
+                }
+                o.pool.log_history(&command);
+                progress.end(Ok(format!(
+                    "destroyed {count} datasets and snapshots in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                )));
+            })
+            .map_err(|e| ServiceError::Failed(format!("cannot start the destroy: {e}")))?;
+        Ok(Response::JobStarted {
+            job: id,
+            message: format!("destroying '{name}' in the background: job {id}"),
+        })
     }
 
     pub(crate) fn dataset_request(&self, ctx: &mut Ctx, req: Request) -> Res<Response> {
@@ -178,6 +277,14 @@ impl Service {
                 recursive,
                 dependents,
                 force,
+                background: true,
+            } => self.destroy_in_background(ctx, name, recursive, dependents, force),
+            R::DatasetDestroy {
+                name,
+                recursive,
+                dependents,
+                force,
+                background: false,
             } => self.on_pool(ctx, &name, |o, _| {
                 let was = if name.contains('@') {
                     Vec::new()

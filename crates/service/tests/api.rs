@@ -94,6 +94,7 @@ fn requests_run_and_every_family_is_authorized() {
             recursive: false,
             dependents: false,
             force: false,
+            background: false,
         },
     )
     .unwrap_err();
@@ -169,6 +170,7 @@ fn requests_run_and_every_family_is_authorized() {
             recursive: true,
             dependents: false,
             force: true,
+            background: false,
         },
         Request::UserList,
         Request::KeyList { user: None },

@@ -177,6 +177,7 @@ fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
                 recursive: true,
                 dependents: false,
                 force: false,
+                background: false,
             },
             None,
         )
@@ -197,6 +198,7 @@ fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
             recursive: true,
             dependents: false,
             force: true,
+            background: false,
         },
     );
     assert_eq!(nfs.events.lock().last(), Some(&DatasetEvent::Destroying));
@@ -212,5 +214,145 @@ fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
         panic!()
     };
     assert_eq!(left.len(), 1, "{left:?}");
+    assert!(svc.shutdown(false).is_empty());
+}
+
+/// A recursive destroy in the background: a job that counts the bytes of each dataset it
+/// destroys (children first), ends `finished`, and leaves nothing behind.
+#[test]
+fn a_background_destroy_is_a_job_with_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Service::new(&dir.path().join("data"), Mode::Command);
+    let mut spec = vec!["mirror".to_string()];
+    spec.extend((0..2).map(|i| {
+        dir.path()
+            .join(format!("d{i}"))
+            .to_string_lossy()
+            .into_owned()
+    }));
+    ok(
+        &svc,
+        Request::PoolCreate {
+            name: "p".into(),
+            spec,
+            size: Some(256 << 20),
+            force: false,
+            ashift: None,
+        },
+    );
+    for name in ["p/big", "p/big/a", "p/big/b", "p/big/a/x"] {
+        ok(
+            &svc,
+            Request::DatasetCreate {
+                name: name.into(),
+                kind: tank_dataset::DatasetKind::Filesystem,
+                props: vec![],
+                parents: false,
+            },
+        );
+    }
+    {
+        let hold = svc
+            .hold("p/big/a/x", "a writer", Arc::new(Recorder::default()))
+            .unwrap();
+        let fs = hold.fs().unwrap();
+        let f = fs
+            .create(
+                &Cred::root(),
+                ROOT_INO,
+                OsStr::new("data"),
+                0o644,
+                libc::O_RDWR,
+            )
+            .unwrap();
+        // Incompressible bytes (a xorshift stream), so the dataset holds what was written.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..8u64 {
+            let chunk: Vec<u8> = (0..1 << 20)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            fs.write(&Cred::root(), f.ino, i << 20, &chunk, false)
+                .unwrap();
+        }
+        fs.release(f.ino).unwrap();
+        fs.sync_all().unwrap();
+    }
+    ok(
+        &svc,
+        Request::Snapshot {
+            names: vec!["p/big@s".into()],
+            recursive: true,
+        },
+    );
+    // Without recursion it is refused before any job starts.
+    let e = svc
+        .handle(
+            &admin(),
+            Request::DatasetDestroy {
+                name: "p/big".into(),
+                recursive: false,
+                dependents: false,
+                force: false,
+                background: true,
+            },
+            None,
+        )
+        .0
+        .unwrap_err();
+    assert!(e.to_string().contains("has children"), "{e}");
+    let Response::JobStarted { job, message } = ok(
+        &svc,
+        Request::DatasetDestroy {
+            name: "p/big".into(),
+            recursive: true,
+            dependents: false,
+            force: false,
+            background: true,
+        },
+    ) else {
+        panic!()
+    };
+    assert!(message.contains(&format!("job {job}")), "{message}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let j = loop {
+        let Response::Job(j) = ok(&svc, Request::JobGet { id: job }) else {
+            panic!()
+        };
+        if j.state != "running" {
+            break j;
+        }
+        assert!(std::time::Instant::now() < deadline, "{j:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(j.state, "finished", "{j:?}");
+    assert_eq!(j.kind, "destroy");
+    assert_eq!(j.target, "p/big");
+    assert!(j.total_bytes >= 8 << 20, "{j:?}");
+    assert_eq!(j.done_bytes, j.total_bytes, "{j:?}");
+    // 4 datasets and their 4 snapshots.
+    assert!(
+        j.detail.contains("destroyed 8 datasets and snapshots"),
+        "{j:?}"
+    );
+    let Response::Jobs(all) = ok(&svc, Request::JobList) else {
+        panic!()
+    };
+    assert!(all.iter().any(|x| x.id == job && x.kind == "destroy"));
+    let Response::Datasets { datasets } = ok(
+        &svc,
+        Request::DatasetList {
+            names: vec![],
+            recursive: true,
+        },
+    ) else {
+        panic!()
+    };
+    let names: Vec<&str> = datasets.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["p"]);
     assert!(svc.shutdown(false).is_empty());
 }

@@ -193,6 +193,7 @@ pub fn run(cmd: DatasetCmd) -> Result<()> {
                 recursive: a.recursive || a.dependents,
                 dependents: a.dependents,
                 force: false,
+                background: false,
             })? {
                 Response::Destroyed { count } if count > 1 => {
                     outln!("destroyed {count} datasets and snapshots")
