@@ -48,8 +48,10 @@ pub use server::{CONTROL_NAME, SNAPSHOT_DIR_NAME};
 /// The snapshots of the mounted dataset, as `.tank/snapshot` shows them.
 /// Something told of every request a mount serves (the service's metrics).
 pub trait RequestObserver: Send + Sync + std::fmt::Debug {
-    /// `op` is the FUSE operation (`lookup`, `read`, ...); `took`, its handler's time.
-    fn observe(&self, op: &'static str, took: std::time::Duration);
+    /// `op` is the FUSE operation (`lookup`, `read`, ...); `took`, its handler's time;
+    /// `failed`, whether it was answered with an error (a request a ring worker answers
+    /// later counts as its hand-over did).
+    fn observe(&self, op: &'static str, took: std::time::Duration, failed: bool);
 }
 
 pub trait SnapshotSource: Send + Sync {

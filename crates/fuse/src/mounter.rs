@@ -43,7 +43,7 @@ impl std::fmt::Debug for Observer {
 }
 
 impl RequestObserver for Observer {
-    fn observe(&self, op: &'static str, took: std::time::Duration) {
+    fn observe(&self, op: &'static str, took: std::time::Duration, failed: bool) {
         let known = self.ops.read().get(op).cloned();
         let stats = match known {
             Some(s) => s,
@@ -53,7 +53,7 @@ impl RequestObserver for Observer {
                 s
             }
         };
-        stats.record(took, false);
+        stats.record(took, failed);
     }
 }
 

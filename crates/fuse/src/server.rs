@@ -123,8 +123,16 @@ const DIRENTPLUS_MIN_BYTES: usize = 160;
 
 type Result<T> = std::result::Result<T, Errno>;
 
+/// An error as the kernel gets it; it also marks the request being handled on this thread
+/// as failed, for the observer.
 fn wire(e: Errno) -> fuser::Errno {
+    FAILED.with(|f| f.set(true));
     fuser::Errno::from_i32(e.code())
+}
+
+thread_local! {
+    /// Whether the request this thread handles was answered with an error (`wire`).
+    static FAILED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 const ESTALE: Errno = Errno(libc::ESTALE);
@@ -179,8 +187,9 @@ struct Timed<'a> {
 
 impl Drop for Timed<'_> {
     fn drop(&mut self) {
+        let failed = FAILED.with(|f| f.replace(false));
         if let Some(o) = self.observer {
-            o.observe(self.op, self.started.elapsed());
+            o.observe(self.op, self.started.elapsed(), failed);
         }
     }
 }
@@ -213,6 +222,7 @@ impl Server {
     /// Times a request's handler for the observer (requests a ring worker answers later
     /// count the time to hand them over).
     fn timed(&self, op: &'static str) -> Timed<'_> {
+        FAILED.with(|f| f.set(false));
         Timed {
             observer: self.observer.as_deref(),
             op,

@@ -195,6 +195,12 @@ fn mount_all(svc: &Service) {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    // Caught from the start: a SIGTERM while the daemon still imports, mounts or starts its
+    // listeners waits for that to finish, then stops it cleanly (never a kill mid-start).
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
     let dir = data_dir();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
@@ -334,10 +340,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
             }
         });
     }
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])?;
     let sig = signals.forever().next();
     println!("signal {}: stopping", sig.unwrap_or(0));
     // No new requests: the API first (requests in flight finish), then the socket.

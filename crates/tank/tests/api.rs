@@ -699,10 +699,23 @@ for n in sorted(names):
         let mnt = data.join("mnt/tank");
         std::fs::write(mnt.join("probe"), b"counted").unwrap();
         assert_eq!(std::fs::read(mnt.join("probe")).unwrap(), b"counted");
+        // A lookup of a name that is not there: an error the metrics count.
+        assert!(std::fs::metadata(mnt.join("no-such-file")).is_err());
         let (_, text) = curl(&d, &boss, "/metrics");
         assert!(
             text.contains("tank_protocol_requests_total{protocol=\"fuse\",op=\"create\"}"),
             "no FUSE requests in the metrics:\n{text}"
+        );
+        let lookup_errors = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("tank_protocol_errors_total{protocol=\"fuse\",op=\"lookup\"} ")
+            })
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(
+            lookup_errors >= 1.0,
+            "no FUSE lookup errors counted:\n{text}"
         );
     }
 
