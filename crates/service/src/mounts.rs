@@ -295,7 +295,19 @@ impl Mounts {
                 let mut t = self.table.lock();
                 t.push(m);
                 t.extend(rest);
-                return Err(e).with_context(|| format!("cannot unmount {}", dir.display()));
+                // Busy (open files, a mount inside) is the caller's to retry; anything else
+                // is a failure.
+                let msg = format!(
+                    "cannot unmount {}: {}",
+                    dir.display(),
+                    crate::error::chain(&e)
+                );
+                return Err(if msg.contains("busy") {
+                    crate::ServiceError::Busy(msg)
+                } else {
+                    crate::ServiceError::Failed(msg)
+                }
+                .into());
             }
             out.push((m.dataset.clone(), m.dir.clone()));
             drop(m.hold);

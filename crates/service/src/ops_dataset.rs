@@ -195,7 +195,9 @@ impl Service {
                         "a snapshot is taken with the snapshot request, not created".into(),
                     ));
                 }
-                let (o, names) = self.on_pool(ctx, &name, |o, _| {
+                // Mounted under the pool's lock too: a destroy of the parent waiting for the
+                // lock then finds the new mount in the table and unmounts it first.
+                let names = self.on_pool(ctx, &name, |o, ctx| {
                     let created = o.dsl.run(Op::Create {
                         name: name.clone(),
                         kind,
@@ -203,9 +205,9 @@ impl Service {
                         parents,
                     })?;
                     let names: Vec<String> = created.iter().map(|id| o.dsl.name_of(*id)).collect();
-                    Ok((o.clone(), names))
+                    self.mount_new(o, ctx, names.clone());
+                    Ok(names)
                 })?;
-                self.mount_new(&o, ctx, names.clone());
                 Ok(Response::DatasetNames(names))
             }
             R::DatasetSet { name, props } => self.on_pool(ctx, &name, |o, _| {
@@ -377,15 +379,15 @@ impl Service {
                         "cannot clone '{snapshot}' to '{target}': a clone stays in its snapshot's pool"
                     )));
                 }
-                let o = self.on_pool(ctx, &snapshot, |o, _| {
+                self.on_pool(ctx, &snapshot, |o, ctx| {
                     o.dsl.run(Op::Clone {
                         snapshot: snapshot.clone(),
                         target: target.clone(),
                         props,
                     })?;
-                    Ok(o.clone())
+                    self.mount_new(o, ctx, vec![target.clone()]);
+                    Ok(())
                 })?;
-                self.mount_new(&o, ctx, vec![target.clone()]);
                 Ok(Response::DatasetNames(vec![target]))
             }
             R::Mount { dataset, dir } => {
