@@ -72,6 +72,15 @@ impl std::fmt::Debug for Collect {
     }
 }
 
+/// Hits over lookups (0 before the first).
+fn hit_ratio(hits: u64, misses: u64) -> f64 {
+    if hits + misses == 0 {
+        0.0
+    } else {
+        hits as f64 / (hits + misses) as f64
+    }
+}
+
 fn walk<'v>(v: &'v VdevStatus, out: &mut Vec<&'v VdevStatus>) {
     out.push(v);
     for c in &v.children {
@@ -108,6 +117,7 @@ impl Collector for Collect {
         let mut l2 = Vec::new();
         let mut l2hits = Vec::new();
         let mut l2miss = Vec::new();
+        let mut l2ratio = Vec::new();
         let mut zcommits = Vec::new();
         let mut zfallbacks = Vec::new();
         let mut zlat = Vec::new();
@@ -195,6 +205,10 @@ impl Collector for Collect {
             l2.push((l(&[("pool", p)]), V::Gauge(l2s.l2_size as f64)));
             l2hits.push((l(&[("pool", p)]), V::Counter(l2s.l2_hits)));
             l2miss.push((l(&[("pool", p)]), V::Counter(l2s.l2_misses)));
+            l2ratio.push((
+                l(&[("pool", p)]),
+                V::Gauge(hit_ratio(l2s.l2_hits, l2s.l2_misses)),
+            ));
             let z = o.pool.zil.stats();
             zcommits.push((l(&[("pool", p)]), V::Counter(z.commits)));
             zfallbacks.push((l(&[("pool", p)]), V::Counter(z.fallbacks)));
@@ -332,19 +346,12 @@ impl Collector for Collect {
             Counter,
             &[(Vec::new(), V::Counter(arc.misses))],
         )?;
-        let ratio = |h: u64, m: u64| {
-            if h + m == 0 {
-                0.0
-            } else {
-                h as f64 / (h + m) as f64
-            }
-        };
         family(
             &mut enc,
             "tank_arc_hit_ratio",
             "hits over reads since start",
             Gauge,
-            &[(Vec::new(), V::Gauge(ratio(arc.hits, arc.misses)))],
+            &[(Vec::new(), V::Gauge(hit_ratio(arc.hits, arc.misses)))],
         )?;
         family(
             &mut enc,
@@ -361,16 +368,6 @@ impl Collector for Collect {
             Counter,
             &l2miss,
         )?;
-        let l2ratio: Vec<(Labels, Value)> = l2hits
-            .iter()
-            .zip(&l2miss)
-            .map(|((lab, h), (_, m))| {
-                let (V::Counter(h), V::Counter(m)) = (h, m) else {
-                    unreachable!("counters")
-                };
-                (lab.clone(), V::Gauge(ratio(*h, *m)))
-            })
-            .collect();
         family(
             &mut enc,
             "tank_l2arc_hit_ratio",

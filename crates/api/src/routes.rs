@@ -57,12 +57,15 @@ fn reply(r: Result<Response, ServiceError>, notes: Vec<String>) -> HttpResponse 
 
 /// Runs a request for a caller on a blocking thread (it completes even if the client goes
 /// away), counting it for the metrics.
-async fn run(st: &St, caller: Caller, req: Request) -> HttpResponse {
-    let op = req.op();
-    let stats = st.svc.protocols.op("api", &op);
+/// `op` is the request's name, known from the route (naming a request otherwise costs a
+/// serialization of it).
+async fn run(st: &St, caller: Caller, op: &str, req: Request) -> HttpResponse {
+    let stats = st.svc.protocols.op("api", op);
     let started = Instant::now();
     let svc = st.svc.clone();
-    let r = tokio::task::spawn_blocking(move || svc.handle(&caller, req, None)).await;
+    // The pool history names the request and who made it.
+    let command = format!("api {op} ({})", caller.name().unwrap_or("anonymous"));
+    let r = tokio::task::spawn_blocking(move || svc.handle(&caller, req, Some(command))).await;
     let (r, notes) = match r {
         Ok(x) => x,
         Err(e) => (
@@ -148,7 +151,7 @@ async fn op(
             "the request is named by the path, not by an 'op' field".into(),
         ));
     }
-    fields.insert("op".into(), Value::String(op));
+    fields.insert("op".into(), Value::String(op.clone()));
     let req: Request = match serde_json::from_value(Value::Object(fields)) {
         Ok(r) => r,
         Err(e) => return error(&ServiceError::BadRequest(format!("invalid request: {e}"))),
@@ -157,13 +160,13 @@ async fn op(
         Ok(c) => c,
         Err(e) => return error(&e),
     };
-    run(&st, who, req).await
+    run(&st, who, &op, req).await
 }
 
-/// A GET shortcut for a read request.
-async fn read(st: &St, headers: &HeaderMap, req: Request) -> HttpResponse {
+/// A GET shortcut for a read request named `op`.
+async fn read(st: &St, headers: &HeaderMap, op: &str, req: Request) -> HttpResponse {
     match caller(st, headers, &Method::GET) {
-        Ok(c) => run(st, c, req).await,
+        Ok(c) => run(st, c, op, req).await,
         Err(e) => error(&e),
     }
 }
@@ -383,20 +386,26 @@ pub fn router(st: St) -> Router {
         .route(
             "/api/v1/session",
             get(|Extension(st): Extension<St>, h: HeaderMap| async move {
-                read(&st, &h, Request::Hello).await
+                read(&st, &h, "hello", Request::Hello).await
             }),
         )
         .route(
             "/api/v1/pools",
             get(|Extension(st): Extension<St>, h: HeaderMap| async move {
-                read(&st, &h, Request::PoolList { names: vec![] }).await
+                read(&st, &h, "pool_list", Request::PoolList { names: vec![] }).await
             }),
         )
         .route(
             "/api/v1/pools/{name}",
             get(
                 |Extension(st): Extension<St>, Path(name): Path<String>, h: HeaderMap| async move {
-                    read(&st, &h, Request::PoolStatus { name: Some(name) }).await
+                    read(
+                        &st,
+                        &h,
+                        "pool_status",
+                        Request::PoolStatus { name: Some(name) },
+                    )
+                    .await
                 },
             ),
         )
@@ -406,6 +415,7 @@ pub fn router(st: St) -> Router {
                 read(
                     &st,
                     &h,
+                    "dataset_list",
                     Request::DatasetList {
                         names: vec![],
                         recursive: true,
@@ -417,13 +427,13 @@ pub fn router(st: St) -> Router {
         .route(
             "/api/v1/shares",
             get(|Extension(st): Extension<St>, h: HeaderMap| async move {
-                read(&st, &h, Request::ShareList).await
+                read(&st, &h, "share_list", Request::ShareList).await
             }),
         )
         .route(
             "/api/v1/jobs",
             get(|Extension(st): Extension<St>, h: HeaderMap| async move {
-                read(&st, &h, Request::JobList).await
+                read(&st, &h, "job_list", Request::JobList).await
             }),
         )
         .route(
@@ -431,7 +441,7 @@ pub fn router(st: St) -> Router {
             get(
                 |Extension(st): Extension<St>, Path(id): Path<String>, h: HeaderMap| async move {
                     match id.parse() {
-                        Ok(id) => read(&st, &h, Request::JobGet { id }).await,
+                        Ok(id) => read(&st, &h, "job_get", Request::JobGet { id }).await,
                         Err(_) => error(&ServiceError::BadRequest(format!(
                             "'{id}' is not a job id (a number)"
                         ))),

@@ -73,7 +73,11 @@ impl Mounter for FuseMounter {
 
 impl MountedFs for Mounted {
     fn unmount(&mut self) -> Result<()> {
-        Ok(self.0.unmount()?)
+        // Busy is the service's kind (409, EBUSY): the caller may close its files and retry.
+        self.0.unmount().map_err(|e| match e {
+            crate::MountError::Busy(_) => tank_service::ServiceError::Busy(e.to_string()).into(),
+            e => e.into(),
+        })
     }
 
     fn io_uring(&self) -> bool {

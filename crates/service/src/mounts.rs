@@ -291,23 +291,12 @@ impl Mounts {
         let mut rest = gone.into_iter();
         while let Some(mut m) = rest.next() {
             if let Err(e) = m.handle.unmount() {
-                let dir = m.dir.clone();
                 let mut t = self.table.lock();
                 t.push(m);
                 t.extend(rest);
-                // Busy (open files, a mount inside) is the caller's to retry; anything else
-                // is a failure.
-                let msg = format!(
-                    "cannot unmount {}: {}",
-                    dir.display(),
-                    crate::error::chain(&e)
-                );
-                return Err(if msg.contains("busy") {
-                    crate::ServiceError::Busy(msg)
-                } else {
-                    crate::ServiceError::Failed(msg)
-                }
-                .into());
+                // The front end's error names the directory and its kind (busy: open
+                // files, a mount inside), which the caller's error keeps.
+                return Err(e);
             }
             out.push((m.dataset.clone(), m.dir.clone()));
             drop(m.hold);

@@ -35,6 +35,25 @@ fn ok(svc: &Service, req: Request) -> Response {
         .unwrap_or_else(|e| panic!("{op}: {e}"))
 }
 
+/// A command's service on a data directory in `dir`, with pool `p`: a mirror of two file
+/// devices of 256 MiB there.
+fn mirror_pool(dir: &std::path::Path) -> Service {
+    let svc = Service::new(&dir.join("data"), Mode::Command);
+    let mut spec = vec!["mirror".to_string()];
+    spec.extend((0..2).map(|i| dir.join(format!("d{i}")).to_string_lossy().into_owned()));
+    ok(
+        &svc,
+        Request::PoolCreate {
+            name: "p".into(),
+            spec,
+            size: Some(256 << 20),
+            force: false,
+            ashift: None,
+        },
+    );
+    svc
+}
+
 fn read_file(hold: &Hold, name: &str) -> Vec<u8> {
     let fs = hold.fs().expect("the filesystem is open");
     let a = fs
@@ -46,27 +65,7 @@ fn read_file(hold: &Hold, name: &str) -> Vec<u8> {
 #[test]
 fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
     let dir = tempfile::tempdir().unwrap();
-    let svc = Service::new(&dir.path().join("data"), Mode::Command);
-    let devs: Vec<String> = (0..2)
-        .map(|i| {
-            dir.path()
-                .join(format!("d{i}"))
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    let mut spec = vec!["mirror".to_string()];
-    spec.extend(devs);
-    ok(
-        &svc,
-        Request::PoolCreate {
-            name: "p".into(),
-            spec,
-            size: Some(256 << 20),
-            force: false,
-            ashift: None,
-        },
-    );
+    let svc = mirror_pool(dir.path());
     ok(
         &svc,
         Request::DatasetCreate {
@@ -222,24 +221,7 @@ fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
 #[test]
 fn a_background_destroy_is_a_job_with_progress() {
     let dir = tempfile::tempdir().unwrap();
-    let svc = Service::new(&dir.path().join("data"), Mode::Command);
-    let mut spec = vec!["mirror".to_string()];
-    spec.extend((0..2).map(|i| {
-        dir.path()
-            .join(format!("d{i}"))
-            .to_string_lossy()
-            .into_owned()
-    }));
-    ok(
-        &svc,
-        Request::PoolCreate {
-            name: "p".into(),
-            spec,
-            size: Some(256 << 20),
-            force: false,
-            ashift: None,
-        },
-    );
+    let svc = mirror_pool(dir.path());
     for name in ["p/big", "p/big/a", "p/big/b", "p/big/a/x"] {
         ok(
             &svc,

@@ -109,7 +109,6 @@ fn answer(svc: &Service, uid: u32, line: &str) -> Reply {
             return error_reply(&e);
         }
     };
-    let op = env.request.op();
     let (r, notes) = svc.handle(&caller, env.request, env.command);
     match r {
         Ok(response) => Reply::Ok { response, notes },
@@ -118,7 +117,9 @@ fn answer(svc: &Service, uid: u32, line: &str) -> Reply {
                 e,
                 ServiceError::Denied(_) | ServiceError::Unauthenticated(_)
             ) {
-                eprintln!("refused {op} from uid {uid}: {e}");
+                // The refusal names what was refused; the request is not named again (that
+                // would cost a serialization of every request, large ones included).
+                eprintln!("refused a request from uid {uid}: {e}");
             }
             error_reply(&e)
         }
