@@ -38,6 +38,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -60,32 +61,71 @@ pub struct FsBenchConfig {
     pub link: Option<Arc<Link>>,
     /// Where the tree test's source is made and copied back to (default: the work directory).
     pub staging: Option<PathBuf>,
+    /// Bytes moved so far, and the cancel flag.
+    pub meter: Arc<Meter>,
 }
 
-/// The link's pacing, or nothing without one.
-struct Pace<'a>(Option<&'a Link>);
+impl FsBenchConfig {
+    /// The bytes a whole benchmark moves to and from the target (what `meter` counts up
+    /// to): per run, the stream phases (write, rewrite's read and write, read), the random
+    /// seeks' reads and one in ten rewritten, and the tree copied in and out.
+    pub fn planned_bytes(&self) -> u64 {
+        let jobs = self.jobs.max(1) as u64;
+        let rs = self.recordsize.max(1) as u64;
+        let per_job = (self.size / jobs).max(rs);
+        let stream = jobs * per_job.div_ceil(rs) * rs;
+        let per = (self.seeks / self.jobs.max(1)) as u64;
+        let seeks = jobs * (per * 8192 + per.div_ceil(10) * 8192);
+        let tree: u64 = tree_sizes(self.tree_files).iter().sum();
+        self.runs as u64 * (4 * stream + seeks + 2 * tree)
+    }
+}
+
+/// What a caller watches of a running benchmark: the bytes moved to and from the target so
+/// far, and a flag that stops it at its next operation (a job's cancel).
+#[derive(Debug, Default)]
+pub struct Meter {
+    pub bytes: AtomicU64,
+    pub cancel: AtomicBool,
+}
+
+/// The link's pacing (or nothing without one) and the meter: every byte to or from the
+/// target passes here.
+struct Pace<'a> {
+    link: Option<&'a Link>,
+    meter: &'a Meter,
+}
 
 impl Pace<'_> {
     fn up(&self, bytes: u64) {
-        if let Some(l) = self.0 {
+        self.meter.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(l) = self.link {
             l.transfer(Direction::Up, bytes);
         }
     }
     fn down(&self, bytes: u64) {
-        if let Some(l) = self.0 {
+        self.meter.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(l) = self.link {
             l.transfer(Direction::Down, bytes);
         }
     }
     fn round_trip(&self) {
-        if let Some(l) = self.0 {
+        if let Some(l) = self.link {
             l.round_trip();
         }
     }
     fn drain(&self) {
-        if let Some(l) = self.0 {
+        if let Some(l) = self.link {
             l.drain(Direction::Up);
             l.drain(Direction::Down);
         }
+    }
+    /// An error once the benchmark was interrupted or canceled.
+    fn check(&self) -> Result<(), BenchError> {
+        if self.meter.cancel.load(Ordering::SeqCst) {
+            return Err(BenchError::Invalid("canceled".into()));
+        }
+        check_interrupted()
     }
 }
 
@@ -397,7 +437,10 @@ fn one_run(
     cfg: &FsBenchConfig,
     report: &mut dyn FnMut(&str, usize),
 ) -> Result<FsFigures, BenchError> {
-    let link = Pace(cfg.link.as_deref());
+    let link = Pace {
+        link: cfg.link.as_deref(),
+        meter: &cfg.meter,
+    };
     let per_job = (cfg.size / cfg.jobs as u64).max(cfg.recordsize as u64);
     let blocks = per_job.div_ceil(cfg.recordsize as u64);
     let file = |w: usize| dir.join(format!("bench.{w}"));
@@ -410,7 +453,7 @@ fn one_run(
         link.round_trip();
         let mut f = File::create(&p).map_err(|e| io("cannot create", &p, e))?;
         for _ in 0..blocks {
-            check_interrupted()?;
+            link.check()?;
             link.up(data.len() as u64);
             f.write_all(&data).map_err(|e| io("write to", &p, e))?;
             if cfg.sync {
@@ -436,7 +479,7 @@ fn one_run(
             .map_err(|e| io("cannot open", &p, e))?;
         let mut buf = vec![0u8; cfg.recordsize];
         for b in 0..blocks {
-            check_interrupted()?;
+            link.check()?;
             let off = b * cfg.recordsize as u64;
             f.read_exact_at(&mut buf, off)
                 .map_err(|e| io("read", &p, e))?;
@@ -461,7 +504,7 @@ fn one_run(
         let mut buf = vec![0u8; cfg.recordsize];
         let mut total = 0u64;
         loop {
-            check_interrupted()?;
+            link.check()?;
             let n = f.read(&mut buf).map_err(|e| io("read", &p, e))?;
             if n == 0 {
                 break;
@@ -489,7 +532,7 @@ fn one_run(
         let per = cfg.seeks / cfg.jobs;
         link.drain();
         for i in 0..per {
-            check_interrupted()?;
+            link.check()?;
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -520,7 +563,7 @@ fn one_run(
     }
     let create = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
-            check_interrupted()?;
+            link.check()?;
             let p = small(w).join(format!("{i:07}"));
             link.round_trip();
             File::create(&p).map_err(|e| io("cannot create", &p, e))?;
@@ -529,7 +572,7 @@ fn one_run(
     })?);
     let stat = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
-            check_interrupted()?;
+            link.check()?;
             let p = small(w).join(format!("{i:07}"));
             link.round_trip();
             fs::metadata(&p).map_err(|e| io("stat", &p, e))?;
@@ -538,7 +581,7 @@ fn one_run(
     })?);
     let delete = aggregate(&parallel(cfg.jobs, |w| {
         for i in 0..per {
-            check_interrupted()?;
+            link.check()?;
             let p = small(w).join(format!("{i:07}"));
             link.round_trip();
             fs::remove_file(&p).map_err(|e| io("delete", &p, e))?;
@@ -553,7 +596,7 @@ fn one_run(
     // The source tree is made in the staging directory (inside the work directory without
     // one), so nothing outside the benchmark's own directories is written.
     let src = stage.join("tree-src");
-    let sizes = make_tree(&src, cfg.tree_files)?;
+    let sizes = make_tree(&src, cfg.tree_files, &link)?;
     let total: u64 = sizes.iter().sum();
     let t = Instant::now();
     copy_tree(&src, &dir.join("tree-in"), &|n| link.up(n), &link)?;
@@ -595,28 +638,41 @@ fn one_run(
     })
 }
 
-/// A tree of `n` files of mixed sizes (mostly small, a few large, like a home directory),
-/// 20 files per directory.
-fn make_tree(root: &Path, n: usize) -> Result<Vec<u64>, BenchError> {
-    let mut sizes = Vec::with_capacity(n);
+/// The sizes of the tree test's `n` files: mostly small, a few large, like a home
+/// directory (70 % under 4 KiB, 25 % up to 64 KiB, 5 % up to 1 MiB), with the seed of
+/// each file's bytes.
+fn tree_plan(n: usize) -> Vec<(u64, u64)> {
     let mut x = 0x9e37_79b9u64;
-    for i in 0..n {
-        check_interrupted()?;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let size = match x % 100 {
+                0..=69 => x % 4096,
+                70..=94 => x % 65536,
+                _ => x % (1 << 20),
+            };
+            (size, x)
+        })
+        .collect()
+}
+
+fn tree_sizes(n: usize) -> Vec<u64> {
+    tree_plan(n).into_iter().map(|(size, _)| size).collect()
+}
+
+/// A tree of `n` files of the sizes of `tree_plan`, 20 files per directory.
+fn make_tree(root: &Path, n: usize, link: &Pace<'_>) -> Result<Vec<u64>, BenchError> {
+    let mut sizes = Vec::with_capacity(n);
+    for (i, (size, seed)) in tree_plan(n).into_iter().enumerate() {
+        link.check()?;
         let d = root.join(format!("d{:04}", i / 20));
         if i % 20 == 0 {
             fs::create_dir_all(&d).map_err(|e| io("cannot create", &d, e))?;
         }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        // 70 % under 4 KiB, 25 % up to 64 KiB, 5 % up to 1 MiB.
-        let size = match x % 100 {
-            0..=69 => x % 4096,
-            70..=94 => x % 65536,
-            _ => x % (1 << 20),
-        };
         let p = d.join(format!("f{i:06}"));
-        fs::write(&p, pattern(size as usize, x)).map_err(|e| io("cannot write", &p, e))?;
+        fs::write(&p, pattern(size as usize, seed)).map_err(|e| io("cannot write", &p, e))?;
         sizes.push(size);
     }
     Ok(sizes)
@@ -644,6 +700,7 @@ fn copy_tree(
             copy_tree(&entry.path(), &target, carry, link)?;
             continue;
         }
+        link.check()?;
         link.round_trip();
         let mut input =
             File::open(entry.path()).map_err(|e| io("cannot open", &entry.path(), e))?;
@@ -676,7 +733,7 @@ fn remove_tree(dir: &Path, link: &Pace<'_>) -> Result<(), BenchError> {
         {
             remove_tree(&path, link)?;
         } else {
-            check_interrupted()?;
+            link.check()?;
             link.round_trip();
             fs::remove_file(&path).map_err(|e| io("delete", &path, e))?;
         }
@@ -747,6 +804,7 @@ mod tests {
             tree_files: 60,
             link: None,
             staging: None,
+            meter: Default::default(),
         };
         let mut phases = Vec::new();
         let runs = run(dir.path(), &cfg, &mut |p, f| {
@@ -794,9 +852,12 @@ mod tests {
                 rtt,
             }))),
             staging: Some(stage.path().to_path_buf()),
+            meter: Default::default(),
         };
         let runs = run(dir.path(), &cfg, &mut |_, _| {}).unwrap();
         let r = runs[0];
+        // The meter counted what the plan says a job's progress goes up to.
+        assert_eq!(cfg.meter.bytes.load(Ordering::Relaxed), cfg.planned_bytes());
         // Streams share the link's 40 MB/s (each direction); an operation costs a round trip.
         for v in [
             r.seq_output_block_mb_s,
@@ -840,6 +901,7 @@ mod tests {
             tree_files: 10,
             link: None,
             staging: None,
+            meter: Default::default(),
         };
         let file = dir.path().join("f");
         std::fs::write(&file, b"x").unwrap();

@@ -265,6 +265,13 @@ pub enum Request {
         #[serde(default)]
         background: bool,
     },
+    /// Benchmark a mounted filesystem the way bonnie++ does (streams, random seeks, small
+    /// files, a tree copy), as a job in the background; its figures come with the job.
+    DatasetBench {
+        dataset: String,
+        #[serde(default)]
+        params: BenchParams,
+    },
     Snapshot {
         names: Vec<String>,
         #[serde(default)]
@@ -422,6 +429,39 @@ pub enum Request {
     JobGet {
         id: u64,
     },
+    /// Stop a job: a benchmark or background destroy at its next step, a scrub at once (a
+    /// resilver cannot be stopped, as in ZFS).
+    JobCancel {
+        id: u64,
+    },
+}
+
+/// What a benchmark job measures; every field has a default.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchParams {
+    /// Bytes written and read by the stream phases (default: twice the RAM, so that no
+    /// cache can flatter the result).
+    #[serde(default)]
+    pub size: Option<u64>,
+    /// Request size of the stream phases (default 128 KiB).
+    #[serde(default)]
+    pub recordsize: Option<u64>,
+    /// Runs; the figures are their median, with min and max (default 3).
+    #[serde(default)]
+    pub runs: Option<u32>,
+    /// Parallel workers, started together (default 1).
+    #[serde(default)]
+    pub jobs: Option<u32>,
+    /// Files of the small-file phase (default 16,384, as bonnie++).
+    #[serde(default)]
+    pub files: Option<u32>,
+    /// Files of the tree copy test (default 2,000).
+    #[serde(default)]
+    pub tree_files: Option<u32>,
+    /// fdatasync after every write.
+    #[serde(default)]
+    pub sync: bool,
 }
 
 impl Request {
@@ -512,7 +552,7 @@ pub struct Job {
     pub kind: String,
     /// What it works on (a pool, a dataset).
     pub target: String,
-    /// `running`, `paused`, `finished`, `canceled`, `failed`.
+    /// `running`, `canceling`, `paused`, `finished`, `canceled`, `failed`.
     pub state: String,
     /// Seconds since 1970.
     pub started: u64,
@@ -523,6 +563,10 @@ pub struct Job {
     pub eta_secs: Option<f64>,
     /// How it ended, or what it is doing.
     pub detail: String,
+    /// What it produced, when it has a result (a benchmark's figures).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
 }
 
 /// A newly made S3 access key: the secret is shown this once.

@@ -5,25 +5,50 @@
 //! counters in the scan state), so its job is a view: each scan a pool has run while this
 //! service held it gets a job id the first time it is seen (keyed by pool, kind and start
 //! time), and its progress is read from the pool's scan status whenever it is asked for.
-//! Other long work registers a [`Progress`] that its worker updates: the destroy of a
-//! dataset tree in the background (`dataset_destroy` with `background`), in bytes of the
-//! datasets destroyed so far, with the rate and time left that follow. Ids are unique for
-//! the life of the service.
+//! Other long work registers a [`Progress`] that its worker updates:
+//! - the destroy of a dataset tree in the background (`dataset_destroy` with `background`),
+//!   in bytes of the datasets destroyed so far;
+//! - a benchmark of a mounted filesystem (`dataset_bench`), in bytes moved to and from it,
+//!   its figures kept with the job when it ends.
+//!
+//! The rate and time left follow from the bytes done. `job_cancel` sets a worker's cancel
+//! flag, which it reads between steps (the job shows `canceling` until it has stopped and
+//! cleaned up, then `canceled`); a scrub is canceled on its pool. Ids are unique for the
+//! life of the service.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tank_object::ScanPhase;
 
-use crate::api::Job;
-use crate::service::Service;
+use crate::api::{BenchParams, Job};
+use crate::error::ServiceError;
+use crate::service::{Res, Service};
 
 /// Progress a worker reports for a job that is not a scan.
 #[derive(Debug, Default)]
 pub struct Progress {
     pub job: Mutex<Option<Job>>,
+    /// Set by `job_cancel` (or the service's shutdown); the worker stops at its next step.
+    cancel: AtomicBool,
+}
+
+/// The benchmark a service runs as a job (`dataset_bench`). Its runner lives above this
+/// crate (with the other benchmarks), so the program that makes the service installs it.
+pub trait Benchmark: Send + Sync {
+    /// Runs in the directory `dir` (a work directory of its own is made in it and removed
+    /// after), reporting into `progress` and stopping soon after `progress.canceled()`.
+    /// Returns a one-line summary and the figures.
+    fn run(
+        &self,
+        dir: &Path,
+        params: &BenchParams,
+        progress: &Progress,
+    ) -> Result<(String, serde_json::Value), String>;
 }
 
 enum Source {
@@ -72,6 +97,7 @@ fn scan_job(id: u64, pool: &str, st: &tank_object::ScanStatus) -> Job {
         rate: if st.running { st.rate } else { 0.0 },
         eta_secs: if st.running { st.eta_secs } else { None },
         detail,
+        result: None,
     }
 }
 
@@ -94,8 +120,46 @@ impl Progress {
                 rate: 0.0,
                 eta_secs: None,
                 detail: String::new(),
+                result: None,
             })),
+            cancel: AtomicBool::new(false),
         })
+    }
+
+    /// Sets the total after the job started (once the worker knows it).
+    pub fn set_total(&self, total_bytes: u64) {
+        if let Some(j) = self.job.lock().as_mut() {
+            j.total_bytes = total_bytes;
+        }
+    }
+
+    /// Whether the job was asked to stop.
+    pub fn canceled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn request_cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        if let Some(j) = self.job.lock().as_mut() {
+            if j.state == "running" {
+                j.state = "canceling".into();
+            }
+        }
+    }
+
+    fn is_running(&self) -> bool {
+        self.job
+            .lock()
+            .as_ref()
+            .is_some_and(|j| j.state == "running" || j.state == "canceling")
+    }
+
+    /// Ends the job with a result kept beside it.
+    pub fn finish(&self, detail: String, result: serde_json::Value) {
+        self.end(Ok(detail));
+        if let Some(j) = self.job.lock().as_mut() {
+            j.result = Some(result);
+        }
     }
 
     /// Records `done` bytes of the total after `elapsed`, with the rate and time left
@@ -110,8 +174,10 @@ impl Progress {
         }
     }
 
-    /// Ends the job: `finished`, or `failed` with why.
+    /// Ends the job: `finished`, or `failed` with why (`canceled` if it was asked to stop
+    /// and did not finish).
     pub fn end(&self, result: Result<String, String>) {
+        let canceled = self.canceled();
         if let Some(j) = self.job.lock().as_mut() {
             j.rate = 0.0;
             j.eta_secs = None;
@@ -119,6 +185,10 @@ impl Progress {
                 Ok(detail) => {
                     j.state = "finished".into();
                     j.detail = detail;
+                }
+                Err(why) if canceled => {
+                    j.state = "canceled".into();
+                    j.detail = format!("canceled: {why}");
                 }
                 Err(why) => {
                     j.state = "failed".into();
@@ -185,6 +255,7 @@ impl Jobs {
                         rate: 0.0,
                         eta_secs: None,
                         detail: "a later scan of the pool replaced its record".into(),
+                        result: None,
                     })
                 }
             }
@@ -210,5 +281,75 @@ impl Jobs {
         let entries = self.entries.lock();
         let (_, src) = entries.iter().find(|(i, _)| *i == id)?;
         self.view(svc, id, src)
+    }
+
+    /// Stops job `id`: a worker's at its next step, a scrub at once. Returns the job as it
+    /// is after the request.
+    pub fn cancel(&self, svc: &Service, id: u64) -> Res<Job> {
+        let job = self
+            .get(svc, id)
+            .ok_or_else(|| ServiceError::NotFound(format!("no such job {id}")))?;
+        if job.state != "running" && job.state != "paused" && job.state != "canceling" {
+            return Err(ServiceError::Invalid(format!(
+                "job {id} ({} of {}) is not running: {}",
+                job.kind, job.target, job.state
+            )));
+        }
+        let worker = {
+            let entries = self.entries.lock();
+            entries
+                .iter()
+                .find(|(i, _)| *i == id)
+                .and_then(|(_, s)| match s {
+                    Source::Worker(p) => Some(p.clone()),
+                    Source::Scan(..) => None,
+                })
+        };
+        match worker {
+            Some(p) => p.request_cancel(),
+            None if job.kind == "scrub" => {
+                let opened = svc.pools.get(&job.target).ok_or_else(|| {
+                    ServiceError::NotFound(format!("pool '{}' is not open", job.target))
+                })?;
+                opened.store.scrub_cancel().map_err(|e| {
+                    ServiceError::Failed(format!("cannot cancel scrubbing {}: {e}", job.target))
+                })?;
+            }
+            None => {
+                return Err(ServiceError::Invalid(format!(
+                    "job {id} is a {} of pool '{}': it cannot be canceled (it runs until the pool is whole again)",
+                    job.kind, job.target
+                )))
+            }
+        }
+        self.get(svc, id)
+            .ok_or_else(|| ServiceError::NotFound(format!("no such job {id}")))
+    }
+
+    /// Asks every worker to stop and waits up to `limit` for them to end (the service's
+    /// shutdown, before it unmounts and closes the pools under them). Returns the ids of
+    /// those still running.
+    pub fn stop_workers(&self, limit: Duration) -> Vec<u64> {
+        let workers: Vec<(u64, Arc<Progress>)> = self
+            .entries
+            .lock()
+            .iter()
+            .filter_map(|(id, s)| match s {
+                Source::Worker(p) if p.is_running() => Some((*id, p.clone())),
+                _ => None,
+            })
+            .collect();
+        for (_, p) in &workers {
+            p.request_cancel();
+        }
+        let deadline = Instant::now() + limit;
+        while workers.iter().any(|(_, p)| p.is_running()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        workers
+            .iter()
+            .filter(|(_, p)| p.is_running())
+            .map(|(id, _)| *id)
+            .collect()
     }
 }

@@ -1,5 +1,6 @@
 //! Dataset requests: list, create, set, inherit, rename, destroy, snapshot, rollback,
-//! clone, mount and unmount (the zfs vocabulary).
+//! clone, mount and unmount (the zfs vocabulary); and the benchmark of a mounted filesystem
+//! as a job.
 //!
 //! # Theory of operation
 //! Each request runs one dataset-directory task on the pool its dataset names, under the
@@ -11,12 +12,13 @@
 //! source; the client picks and formats the columns.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::bail;
 
 use tank_dataset::{DatasetKind, Dsl, Op};
 
-use crate::api::{MountInfo, Request, Response};
+use crate::api::{BenchParams, MountInfo, Request, Response};
 use crate::error::ServiceError;
 use crate::mounts::pool_of;
 use crate::pools::Opened;
@@ -111,6 +113,13 @@ impl Service {
                 let (mut done, mut count) = (0u64, 0usize);
                 let n = steps.len();
                 for (i, (ds, bytes)) in steps.into_iter().enumerate() {
+                    if progress.canceled() {
+                        o.pool.log_history(&command);
+                        progress.end(Err(format!(
+                            "stopped before '{ds}': {count} datasets and snapshots destroyed"
+                        )));
+                        return;
+                    }
                     let r = {
                         let _l = lock.lock();
                         o.dsl.run(Op::Destroy {
@@ -145,6 +154,61 @@ impl Service {
         Ok(Response::JobStarted {
             job: id,
             message: format!("destroying '{name}' in the background: job {id}"),
+        })
+    }
+
+    /// A benchmark of a mounted filesystem as a job: the dataset held for it (so that a
+    /// destroy is refused while it runs, and a forced one stops it), the runner on a
+    /// worker thread, its figures kept with the job.
+    fn bench(&self, ctx: &mut Ctx, dataset: String, params: BenchParams) -> Res<Response> {
+        let runner = self
+            .benchmark()
+            .ok_or_else(|| ServiceError::Invalid("this service has no benchmark runner".into()))?;
+        let o = self.open_pool(pool_of(&dataset), ctx)?;
+        let kind = o
+            .dsl
+            .resolve(&dataset)
+            .and_then(|id| o.dsl.record(id))
+            .map_err(|e| {
+                ServiceError::from_anyhow(
+                    &anyhow::Error::new(e).context(format!("cannot benchmark '{dataset}'")),
+                )
+            })?
+            .kind;
+        if kind != DatasetKind::Filesystem {
+            return Err(ServiceError::Invalid(format!(
+                "cannot benchmark '{dataset}': only a mounted filesystem can be benchmarked"
+            )));
+        }
+        let dir = self
+            .mounts
+            .list()
+            .into_iter()
+            .find(|m| m.dataset == dataset)
+            .map(|m| m.dir)
+            .ok_or_else(|| {
+                ServiceError::Invalid(format!(
+                    "cannot benchmark '{dataset}': it is not mounted (tank mount {dataset})"
+                ))
+            })?;
+        let progress = crate::jobs::Progress::new("benchmark", &dataset, 0);
+        let stopper = Arc::new(StopOnDestroy(progress.clone()));
+        let hold = self.hold(&dataset, "benchmark", stopper)?;
+        let job = self.jobs.start(progress.clone());
+        std::thread::Builder::new()
+            .name("tank-bench".into())
+            .spawn(move || {
+                let r = runner.run(&dir, &params, &progress);
+                drop(hold);
+                match r {
+                    Ok((summary, figures)) => progress.finish(summary, figures),
+                    Err(why) => progress.end(Err(why)),
+                }
+            })
+            .map_err(|e| ServiceError::Failed(format!("cannot start the benchmark: {e}")))?;
+        Ok(Response::JobStarted {
+            job,
+            message: format!("benchmarking '{dataset}' in the background: job {job}"),
         })
     }
 
@@ -281,6 +345,7 @@ impl Service {
                 force,
                 background: true,
             } => self.destroy_in_background(ctx, name, recursive, dependents, force),
+            R::DatasetBench { dataset, params } => self.bench(ctx, dataset, params),
             R::DatasetDestroy {
                 name,
                 recursive,
@@ -413,6 +478,17 @@ impl Service {
             },
             R::MountList => Ok(Response::Mounts(self.mounts.list())),
             _ => unreachable!("not a dataset request"),
+        }
+    }
+}
+
+/// A benchmark's hold: a forced destroy of its dataset stops it.
+struct StopOnDestroy(Arc<crate::jobs::Progress>);
+
+impl crate::handles::Holder for StopOnDestroy {
+    fn notify(&self, event: &crate::handles::DatasetEvent) {
+        if matches!(event, crate::handles::DatasetEvent::Destroying) {
+            self.0.request_cancel();
         }
     }
 }

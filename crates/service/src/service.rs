@@ -70,6 +70,8 @@ pub struct Service {
     pub protocols: Arc<crate::stats::ProtocolStats>,
     /// One lock per pool name for requests that change it.
     pool_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// The runner of `dataset_bench`, installed by the program (it lives above this crate).
+    benchmark: OnceLock<Arc<dyn crate::jobs::Benchmark>>,
 }
 
 impl Service {
@@ -85,7 +87,17 @@ impl Service {
             accounts: OnceLock::new(),
             jobs: Jobs::default(),
             pool_locks: Mutex::new(HashMap::new()),
+            benchmark: OnceLock::new(),
         }
+    }
+
+    /// Installs the runner of `dataset_bench` (once; later calls are ignored).
+    pub fn set_benchmark(&self, runner: Arc<dyn crate::jobs::Benchmark>) {
+        let _ = self.benchmark.set(runner);
+    }
+
+    pub(crate) fn benchmark(&self) -> Option<Arc<dyn crate::jobs::Benchmark>> {
+        self.benchmark.get().cloned()
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -277,6 +289,7 @@ impl Service {
             | R::DatasetInherit { .. }
             | R::DatasetRename { .. }
             | R::DatasetDestroy { .. }
+            | R::DatasetBench { .. }
             | R::Snapshot { .. }
             | R::Rollback { .. }
             | R::Clone { .. }
@@ -317,6 +330,7 @@ impl Service {
                 .get(self, id)
                 .map(Response::Job)
                 .ok_or_else(|| ServiceError::NotFound(format!("no such job {id}"))),
+            R::JobCancel { id } => self.jobs.cancel(self, id).map(Response::Job),
         }
     }
 
@@ -324,7 +338,15 @@ impl Service {
     /// exports them (they stay in the cache file, so the next start imports them again);
     /// a command's service syncs and closes them. Returns what went wrong, one line each.
     pub fn shutdown(&self, export: bool) -> Vec<String> {
-        let mut problems = self.mounts.unmount_all();
+        // Work in the background stops first (a benchmark removes its files, a destroy
+        // ends between datasets), before the mounts and pools go from under it.
+        let mut problems: Vec<String> = self
+            .jobs
+            .stop_workers(std::time::Duration::from_secs(30))
+            .into_iter()
+            .map(|id| format!("job {id} did not stop within 30 s"))
+            .collect();
+        problems.extend(self.mounts.unmount_all());
         for opened in self.pools.all() {
             let name = opened.pool.name();
             let r = if export {

@@ -338,3 +338,296 @@ fn a_background_destroy_is_a_job_with_progress() {
     assert_eq!(names, ["p"]);
     assert!(svc.shutdown(false).is_empty());
 }
+
+/// A mount double: the filesystem "served" at a directory (nothing reaches it from the
+/// kernel; the benchmark double writes through the filesystem itself).
+struct FakeMounter {
+    mounted: Mutex<Vec<(std::path::PathBuf, Arc<tank_dataset::posix::Fs>)>>,
+}
+
+struct FakeMount;
+
+impl tank_service::mounts::MountedFs for FakeMount {
+    fn unmount(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn wait(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn unmounter(&self) -> Box<dyn Fn() + Send> {
+        Box::new(|| {})
+    }
+}
+
+impl tank_service::mounts::Mounter for FakeMounter {
+    fn mount(
+        &self,
+        req: tank_service::mounts::MountRequest,
+    ) -> anyhow::Result<Box<dyn tank_service::mounts::MountedFs>> {
+        self.mounted.lock().push((req.dir, req.fs));
+        Ok(Box::new(FakeMount))
+    }
+}
+
+/// A benchmark double: writes 1 MiB at a time into the mounted filesystem until it has
+/// written its `size` or is canceled, counting the bytes as progress, then removes its
+/// file (as the real one removes its work directory).
+struct Writer {
+    mounter: Arc<FakeMounter>,
+}
+
+impl tank_service::jobs::Benchmark for Writer {
+    fn run(
+        &self,
+        dir: &std::path::Path,
+        params: &tank_service::api::BenchParams,
+        progress: &tank_service::jobs::Progress,
+    ) -> Result<(String, serde_json::Value), String> {
+        let fs = self
+            .mounter
+            .mounted
+            .lock()
+            .iter()
+            .find(|(d, _)| d == dir)
+            .map(|(_, fs)| fs.clone())
+            .ok_or("not mounted here")?;
+        let size = params.size.unwrap_or(1 << 30);
+        progress.set_total(size);
+        let f = fs
+            .create(
+                &Cred::root(),
+                ROOT_INO,
+                OsStr::new("bench"),
+                0o644,
+                libc::O_RDWR,
+            )
+            .map_err(|e| e.to_string())?;
+        let start = std::time::Instant::now();
+        let chunk = vec![7u8; 1 << 20];
+        let mut done = 0;
+        let mut r = Ok(());
+        while done < size {
+            if progress.canceled() {
+                r = Err("canceled".to_string());
+                break;
+            }
+            fs.write(&Cred::root(), f.ino, done, &chunk, false)
+                .map_err(|e| e.to_string())?;
+            done += chunk.len() as u64;
+            progress.advance(done, start.elapsed(), "writing".into());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        fs.release(f.ino).map_err(|e| e.to_string())?;
+        fs.unlink(&Cred::root(), ROOT_INO, OsStr::new("bench"))
+            .map_err(|e| e.to_string())?;
+        r?;
+        Ok((
+            format!("wrote {done} bytes"),
+            serde_json::json!({ "bytes": done }),
+        ))
+    }
+}
+
+fn wait_job(svc: &Service, job: u64) -> tank_service::api::Job {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let Response::Job(j) = ok(svc, Request::JobGet { id: job }) else {
+            panic!()
+        };
+        if j.state != "running" && j.state != "canceling" {
+            return j;
+        }
+        assert!(std::time::Instant::now() < deadline, "{j:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_benchmark_is_a_job_that_holds_its_dataset_and_can_be_canceled() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = mirror_pool(dir.path());
+    let mounter = Arc::new(FakeMounter {
+        mounted: Mutex::new(Vec::new()),
+    });
+    svc.mounts.set_mounter(mounter.clone());
+    svc.set_benchmark(Arc::new(Writer {
+        mounter: mounter.clone(),
+    }));
+    let bench = |size: u64| Request::DatasetBench {
+        dataset: "p/fs".into(),
+        params: tank_service::api::BenchParams {
+            size: Some(size),
+            ..Default::default()
+        },
+    };
+    ok(
+        &svc,
+        Request::DatasetCreate {
+            name: "p/fs".into(),
+            kind: tank_dataset::DatasetKind::Filesystem,
+            props: vec![],
+            parents: false,
+        },
+    );
+    // Refused with the reason: not mounted, no such dataset, a volume.
+    let e = svc.handle(&admin(), bench(1 << 20), None).0.unwrap_err();
+    assert!(matches!(e, ServiceError::Invalid(_)), "{e}");
+    assert!(e.to_string().contains("not mounted"), "{e}");
+    let e = svc
+        .handle(
+            &admin(),
+            Request::DatasetBench {
+                dataset: "p/nosuch".into(),
+                params: Default::default(),
+            },
+            None,
+        )
+        .0
+        .unwrap_err();
+    assert!(matches!(e, ServiceError::NotFound(_)), "{e}");
+    ok(
+        &svc,
+        Request::DatasetCreate {
+            name: "p/vol".into(),
+            kind: tank_dataset::DatasetKind::Volume,
+            props: vec![("volsize".into(), "8M".into())],
+            parents: false,
+        },
+    );
+    let e = svc
+        .handle(
+            &admin(),
+            Request::DatasetBench {
+                dataset: "p/vol".into(),
+                params: Default::default(),
+            },
+            None,
+        )
+        .0
+        .unwrap_err();
+    assert!(e.to_string().contains("only a mounted filesystem"), "{e}");
+
+    let mnt = dir.path().join("mnt");
+    ok(
+        &svc,
+        Request::Mount {
+            dataset: "p/fs".into(),
+            dir: Some(mnt.clone()),
+        },
+    );
+    // A short one runs to its end, its result kept with the job.
+    let Response::JobStarted { job, .. } = ok(&svc, bench(8 << 20)) else {
+        panic!()
+    };
+    let j = wait_job(&svc, job);
+    assert_eq!(
+        (j.state.as_str(), j.kind.as_str()),
+        ("finished", "benchmark"),
+        "{j:?}"
+    );
+    assert_eq!((j.done_bytes, j.total_bytes), (8 << 20, 8 << 20), "{j:?}");
+    assert_eq!(j.result, Some(serde_json::json!({ "bytes": 8 << 20 })));
+    let e = svc
+        .handle(&admin(), Request::JobCancel { id: job }, None)
+        .0
+        .unwrap_err();
+    assert!(e.to_string().contains("is not running: finished"), "{e}");
+
+    // A long one: seen running with progress, its dataset held (a destroy is refused and
+    // leaves the dataset mounted), then canceled.
+    let Response::JobStarted { job, .. } = ok(&svc, bench(1 << 40)) else {
+        panic!()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let Response::Job(j) = ok(&svc, Request::JobGet { id: job }) else {
+            panic!()
+        };
+        assert_eq!(j.state, "running", "{j:?}");
+        if j.done_bytes >= 4 << 20 {
+            assert!(j.rate > 0.0 && j.eta_secs.is_some(), "{j:?}");
+            assert_eq!(j.detail, "writing");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{j:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let e = svc
+        .handle(
+            &admin(),
+            Request::DatasetDestroy {
+                name: "p/fs".into(),
+                recursive: false,
+                dependents: false,
+                force: false,
+                background: false,
+            },
+            None,
+        )
+        .0
+        .unwrap_err();
+    assert!(matches!(e, ServiceError::Busy(_)), "{e}");
+    assert!(e.to_string().contains("benchmark"), "{e}");
+    let Response::Mounts(m) = ok(&svc, Request::MountList) else {
+        panic!()
+    };
+    assert!(m.iter().any(|m| m.dataset == "p/fs"), "{m:?}");
+    let Response::Job(j) = ok(&svc, Request::JobCancel { id: job }) else {
+        panic!()
+    };
+    assert!(j.state == "canceling" || j.state == "canceled", "{j:?}");
+    let j = wait_job(&svc, job);
+    assert_eq!(j.state, "canceled", "{j:?}");
+    assert!(j.detail.contains("canceled"), "{j:?}");
+    assert!(j.result.is_none());
+    // Its hold is gone with it: the destroy goes through now.
+    ok(
+        &svc,
+        Request::DatasetDestroy {
+            name: "p/fs".into(),
+            recursive: false,
+            dependents: false,
+            force: false,
+            background: false,
+        },
+    );
+
+    // A shutdown stops a running benchmark before it closes the pool under it.
+    ok(
+        &svc,
+        Request::DatasetCreate {
+            name: "p/fs2".into(),
+            kind: tank_dataset::DatasetKind::Filesystem,
+            props: vec![],
+            parents: false,
+        },
+    );
+    ok(
+        &svc,
+        Request::Mount {
+            dataset: "p/fs2".into(),
+            dir: Some(dir.path().join("mnt2")),
+        },
+    );
+    let Response::JobStarted { job, .. } = ok(
+        &svc,
+        Request::DatasetBench {
+            dataset: "p/fs2".into(),
+            params: tank_service::api::BenchParams {
+                size: Some(1 << 40),
+                ..Default::default()
+            },
+        },
+    ) else {
+        panic!()
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(svc.shutdown(false).is_empty());
+    let j = svc
+        .jobs
+        .list(&svc)
+        .into_iter()
+        .find(|j| j.id == job)
+        .unwrap();
+    assert_eq!(j.state, "canceled", "{j:?}");
+}

@@ -62,6 +62,7 @@ impl Client {
     pub fn local() -> Client {
         let svc = Service::new(&data_dir(), Mode::Command);
         svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));
+        svc.set_benchmark(Arc::new(tank_bench::run::fs::ServiceBench));
         Client::Local(Arc::new(svc))
     }
 

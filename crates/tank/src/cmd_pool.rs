@@ -644,7 +644,7 @@ fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool) {
 }
 
 /// `hh:mm:ss` (days as `Nd hh:mm:ss`), as zpool shows durations.
-fn hms(secs: f64) -> String {
+pub(crate) fn hms(secs: f64) -> String {
     let s = secs.max(0.0).round() as u64;
     let (d, h, m, s) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
     if d > 0 {

@@ -16,6 +16,7 @@ mod bench_api;
 mod client;
 mod cmd_account;
 mod cmd_arc;
+mod cmd_bench;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
@@ -93,7 +94,7 @@ enum Command {
     /// data through it, and show its status.
     Demo(demo::DemoArgs),
     /// Benchmark a directory the way bonnie++ does (plus a tree copy test), with history,
-    /// comparison and a chart.
+    /// comparison and a chart; or a mounted dataset in the daemon, as a job (--dataset).
     Bench(fsbench::FsBenchArgs),
     /// Measure a pool layout at the engine level against the raw device files it is built on.
     BenchEngine(bench::BenchArgs),
@@ -146,6 +147,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Serve(a) => daemon::run(a),
         Command::Debug(c) => cmd_debug::run(c),
         Command::Demo(a) => demo::run(a),
+        Command::Bench(a) if a.dataset.is_some() => cmd_bench::dataset(a),
         Command::Bench(a) => fsbench::run(a),
         Command::BenchEngine(a) => bench::run(a),
         Command::BenchScrub(a) => bench_scrub::run(a),

@@ -1630,3 +1630,140 @@ fn the_local_api_refuses_malformed_requests_and_changes_nothing() {
     let out = env.fails(&["pool", "status", "nosuch"], "no such pool");
     assert!(out.contains("tank: cannot open 'nosuch'"), "{out}");
 }
+
+/// `tank bench --dataset`: the benchmark of a mounted filesystem runs in the daemon as a
+/// job; the command follows its progress, records and prints its figures, and Ctrl-C
+/// cancels it, its files removed; while it runs its dataset cannot be destroyed.
+#[test]
+fn a_dataset_bench_is_a_daemon_job_with_progress_that_ctrl_c_cancels() {
+    if let Some(why) = common::fuse_missing() {
+        common::skip(
+            "a_dataset_bench_is_a_daemon_job_with_progress_that_ctrl_c_cancels",
+            why,
+        );
+        return;
+    }
+    let env = Env::new();
+    // Without a daemon there is nothing to run the job.
+    env.fails(
+        &["bench", "--dataset", "tank/bench"],
+        "benchmarking a dataset is a job of the daemon",
+    );
+    let _d = serve(&env);
+    env.ok(&["dataset", "create", "tank/bench"]);
+    let mnt = env.path("data/mnt/tank/bench");
+    std::fs::write(mnt.join("keep"), b"user data").unwrap();
+    let entries = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    env.fails(
+        &["bench", "--dataset", "tank/nosuch", "--size", "16M"],
+        "does not exist",
+    );
+
+    let out = env.ok(&[
+        "bench",
+        "--dataset",
+        "tank/bench",
+        "--size",
+        "16M",
+        "--runs",
+        "1",
+        "--files",
+        "200",
+        "--tree-files",
+        "40",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["label"], "tank/bench", "{v}");
+    assert_eq!(v["size"], 16 << 20, "{v}");
+    for fig in [
+        "seq_output_block_mb_s",
+        "rewrite_mb_s",
+        "seq_input_block_mb_s",
+        "random_seeks_per_s",
+        "seq_create_per_s",
+        "seq_stat_per_s",
+        "seq_delete_per_s",
+        "tree_copy_in_mb_s",
+        "tree_copy_out_mb_s",
+        "tree_delete_files_per_s",
+    ] {
+        let x = v["summary"]["median"][fig].as_f64().unwrap();
+        assert!(x > 0.0 && x.is_finite(), "{fig}: {v}");
+    }
+    let history = env.ok(&["bench", "--compare"]);
+    assert!(history.contains("tank/bench"), "{history}");
+    assert_eq!(entries(), ["keep"], "the benchmark's files are gone");
+
+    // A long one, followed, then stopped with Ctrl-C.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args([
+            "bench",
+            "--dataset",
+            "tank/bench",
+            "--size",
+            "1G",
+            "--runs",
+            "3",
+        ])
+        .env("TANK_DATA_DIR", env.path("data"))
+        .current_dir(env.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !seen.iter().any(|l: &String| l.contains(" moved at ")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no progress: {seen:?}"
+        );
+        if let Ok(l) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            seen.push(l);
+        }
+    }
+    assert!(
+        seen[0].contains("benchmarking 'tank/bench' in the background: job"),
+        "{seen:?}"
+    );
+    let progress = seen.iter().find(|l| l.contains(" moved at ")).unwrap();
+    assert!(progress.contains("% done"), "{progress}");
+    // Held by the job: a destroy is refused, and the dataset stays mounted.
+    env.fails(&["dataset", "destroy", "tank/bench"], "busy");
+    assert!(mnt.join("keep").exists());
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let rest: Vec<String> = rx.try_iter().collect();
+    assert!(rest.iter().any(|l| l.contains("canceling job")), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("canceled")), "{rest:?}");
+    assert_eq!(
+        entries(),
+        ["keep"],
+        "a canceled benchmark removes its files"
+    );
+    assert_eq!(std::fs::read(mnt.join("keep")).unwrap(), b"user data");
+    // The dataset is free again.
+    env.ok(&["dataset", "destroy", "tank/bench"]);
+}

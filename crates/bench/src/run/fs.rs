@@ -2,6 +2,10 @@
 //! directory or of an emulated build (`emulate.rs`), with history, comparison and a chart.
 //! The phases and their aggregation are in `crate::fsbench`, the link model in
 //! `crate::link`.
+//!
+//! `tank bench --dataset NAME` runs the same benchmark in the service, as a job on the
+//! dataset's mount (`ServiceBench`, installed by the daemon): the client starts it, follows
+//! its progress, and records and prints its figures here (`record`, `print_record`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,6 +21,8 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::run::util::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
+use tank_service::api::BenchParams;
+use tank_service::jobs::{Benchmark, Progress};
 
 #[derive(Args)]
 pub struct FsBenchArgs {
@@ -44,7 +50,7 @@ pub struct FsBenchArgs {
     tree_files: usize,
     /// A name for this run in the history.
     #[arg(long)]
-    label: Option<String>,
+    pub label: Option<String>,
     /// Write an SVG chart of the result.
     #[arg(long)]
     chart: Option<PathBuf>,
@@ -69,20 +75,41 @@ pub struct FsBenchArgs {
     /// the jobs, a round trip per operation).
     #[arg(long)]
     link: Option<String>,
+    /// Benchmark a mounted filesystem dataset in the service (the daemon), as a job whose
+    /// progress this command follows (Ctrl-C cancels it).
+    #[arg(long, conflicts_with_all = ["path", "emulate", "compare", "link", "chart"])]
+    pub dataset: Option<String>,
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
+impl FsBenchArgs {
+    /// The parameters of a `dataset_bench` request from these arguments (the service
+    /// applies the defaults the options do not give).
+    pub fn service_params(&self) -> Result<BenchParams> {
+        Ok(BenchParams {
+            size: self.size.as_deref().map(parse_size).transpose()?,
+            recordsize: Some(parse_size(&self.recordsize)?),
+            runs: Some(u32::try_from(self.runs).context("too many runs")?),
+            jobs: Some(u32::try_from(self.jobs).context("too many jobs")?),
+            files: Some(u32::try_from(self.files).context("too many files")?),
+            tree_files: Some(u32::try_from(self.tree_files).context("too many tree files")?),
+            sync: self.sync,
+        })
+    }
+}
+
+/// One benchmark's record in the history (and a benchmark job's result).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct HistoryEntry {
-    time: u64,
-    label: String,
-    path: String,
-    size: u64,
-    recordsize: usize,
-    jobs: usize,
-    sync: bool,
-    summary: Summary,
+pub struct HistoryEntry {
+    pub time: u64,
+    pub label: String,
+    pub path: String,
+    pub size: u64,
+    pub recordsize: usize,
+    pub jobs: usize,
+    pub sync: bool,
+    pub summary: Summary,
 }
 
 fn history_path() -> PathBuf {
@@ -171,6 +198,7 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         tree_files: a.tree_files,
         link,
         staging: None,
+        meter: Default::default(),
     };
     let start = Instant::now();
     let mut last_len = 0;
@@ -204,7 +232,6 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         (None, None) => unreachable!("a target was checked above"),
     };
     eprintln!();
-    let summary = fsbench::summarize(&runs);
     let entry = HistoryEntry {
         time: tank_pool::config::now_secs(),
         label: a.label.clone().unwrap_or_else(|| match &a.link {
@@ -216,30 +243,43 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
         recordsize: recordsize as usize,
         jobs: a.jobs,
         sync: a.sync,
-        summary: summary.clone(),
+        summary: fsbench::summarize(&runs),
     };
+    record(&entry)?;
+    if let Some(chart) = &a.chart {
+        std::fs::write(chart, svg(&entry))
+            .with_context(|| format!("cannot write {}", chart.display()))?;
+    }
+    print_record(&entry, a.json)
+}
+
+/// Appends a benchmark to the history (`DATA_DIR/bench-history.jsonl`).
+pub fn record(entry: &HistoryEntry) -> Result<()> {
     std::fs::create_dir_all(data_dir()).ok();
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(history_path())
         .with_context(|| format!("cannot write {}", history_path().display()))?;
-    writeln!(f, "{}", serde_json::to_string(&entry)?)?;
-    if let Some(chart) = &a.chart {
-        std::fs::write(chart, svg(&entry))
-            .with_context(|| format!("cannot write {}", chart.display()))?;
-    }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&entry)?);
+    writeln!(f, "{}", serde_json::to_string(entry)?)?;
+    Ok(())
+}
+
+/// Prints a benchmark's figures: the median with min and max of each (or the record as
+/// JSON).
+pub fn print_record(entry: &HistoryEntry, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(entry)?);
         return Ok(());
     }
+    let summary = &entry.summary;
     println!(
         "{}: {} in {} jobs, record {}, {}{} run(s), median (min..max)",
         entry.label,
-        human(size),
-        a.jobs,
-        human(recordsize),
-        if a.sync { "sync, " } else { "" },
+        human(entry.size),
+        entry.jobs,
+        human(entry.recordsize as u64),
+        if entry.sync { "sync, " } else { "" },
         summary.runs
     );
     let mut t = Table::new();
@@ -260,6 +300,93 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
     }
     println!("{t}");
     Ok(())
+}
+
+/// The benchmark the service runs as a job (`dataset_bench`): the same phases as
+/// `tank bench PATH`, on the dataset's mount, with the bytes moved as the job's progress
+/// (sampled every quarter second) and its cancel flag as the benchmark's.
+pub struct ServiceBench;
+
+impl Benchmark for ServiceBench {
+    fn run(
+        &self,
+        dir: &std::path::Path,
+        params: &BenchParams,
+        progress: &Progress,
+    ) -> std::result::Result<(String, serde_json::Value), String> {
+        let int = |v: Option<u32>, default: usize| v.map_or(default, |v| v as usize);
+        let recordsize = params.recordsize.unwrap_or(128 << 10);
+        if !(512..=(16 << 20)).contains(&recordsize) {
+            return Err("record size must be from 512 to 16M".into());
+        }
+        let cfg = FsBenchConfig {
+            size: params.size.unwrap_or_else(|| 2 * ram_bytes()),
+            recordsize: recordsize as usize,
+            jobs: int(params.jobs, 1),
+            runs: int(params.runs, 3),
+            sync: params.sync,
+            files: int(params.files, 16 * 1024),
+            seeks: 8000,
+            tree_files: int(params.tree_files, 2000),
+            link: None,
+            staging: None,
+            meter: Default::default(),
+        };
+        if cfg.jobs == 0 || cfg.jobs > 64 || cfg.runs == 0 || cfg.runs > 100 {
+            return Err("jobs must be from 1 to 64 and runs from 1 to 100".into());
+        }
+        progress.set_total(cfg.planned_bytes());
+        let start = Instant::now();
+        let phase = parking_lot::Mutex::new(String::from("starting"));
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let sample = || {
+            let bytes = cfg.meter.bytes.load(std::sync::atomic::Ordering::Relaxed);
+            progress.advance(bytes, start.elapsed(), phase.lock().clone());
+        };
+        let runs = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    if progress.canceled() {
+                        cfg.meter
+                            .cancel
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    sample();
+                    std::thread::sleep(std::time::Duration::from_millis(250));
+                }
+            });
+            let r = fsbench::run(dir, &cfg, &mut |p: &str, _| {
+                *phase.lock() = p.to_string();
+                sample();
+            });
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        })
+        .map_err(|e| e.to_string())?;
+        let summary = fsbench::summarize(&runs);
+        let m = &summary.median;
+        let line = format!(
+            "{} run(s) in {:.0} s: write {:.1} MB/s, read {:.1} MB/s, {:.0} seeks/s, create {:.0}/s",
+            summary.runs,
+            start.elapsed().as_secs_f64(),
+            m.seq_output_block_mb_s,
+            m.seq_input_block_mb_s,
+            m.random_seeks_per_s,
+            m.seq_create_per_s
+        );
+        let entry = HistoryEntry {
+            time: tank_pool::config::now_secs(),
+            label: dir.display().to_string(),
+            path: dir.display().to_string(),
+            size: cfg.size,
+            recordsize: cfg.recordsize,
+            jobs: cfg.jobs,
+            sync: cfg.sync,
+            summary,
+        };
+        let value = serde_json::to_value(&entry).map_err(|e| e.to_string())?;
+        Ok((line, value))
+    }
 }
 
 fn compare(json: bool) -> Result<()> {

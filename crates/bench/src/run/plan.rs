@@ -309,6 +309,7 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
                 tree_files: a.tree_files,
                 link: link.clone(),
                 staging: None,
+                meter: Default::default(),
             };
             let what = format!("{} at {}", layout.describe(), human(recordsize));
             let mut progress = |phase: &str, done: f64| {

@@ -1,0 +1,104 @@
+//! `tank bench --dataset NAME`: the bonnie++-style benchmark of a mounted filesystem, run
+//! by the service as a job.
+//!
+//! # Theory of operation
+//! The command sends `dataset_bench` to the daemon, which runs the benchmark on the
+//! dataset's mount in the background and answers at once with a job. The command then
+//! follows the job (`job_get`), printing its phase, bytes moved, rate and time left every
+//! few seconds; Ctrl-C asks the service to cancel it (`job_cancel`) and waits for it to stop
+//! and clean up. When the job finishes, its figures are added to the benchmark history
+//! and printed as `tank bench PATH` prints them. A command that ends otherwise (killed, its
+//! connection lost) leaves the job running: `job_get` and `job_cancel` still reach it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tank_bench::run::fs::{print_record, record, FsBenchArgs, HistoryEntry};
+use tank_service::api::{Job, Request, Response};
+
+use crate::client::{unexpected, Client};
+use crate::cmd_pool::hms;
+use crate::datadir::human;
+
+pub fn dataset(a: FsBenchArgs) -> Result<()> {
+    let name = a.dataset.clone().context("no dataset given")?;
+    let params = a.service_params()?;
+    let c = Client::connect()?;
+    if !c.is_daemon() {
+        bail!(
+            "benchmarking a dataset is a job of the daemon: start it (tank serve) with '{name}' mounted, or give a directory to measure here"
+        );
+    }
+    let id = match c.call(Request::DatasetBench {
+        dataset: name.clone(),
+        params,
+    })? {
+        Response::JobStarted { job, message } => {
+            errln!("{message}");
+            job
+        }
+        r => return Err(unexpected(r)),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot catch signals")?;
+    }
+    let job = follow(&c, id, &stop)?;
+    match job.state.as_str() {
+        "finished" => {
+            let mut entry: HistoryEntry = serde_json::from_value(
+                job.result
+                    .context("the finished benchmark job has no figures")?,
+            )
+            .context("the benchmark job's figures are not in a known form")?;
+            entry.label = a.label.clone().unwrap_or_else(|| name.clone());
+            record(&entry)?;
+            print_record(&entry, a.json)
+        }
+        "canceled" => bail!("benchmark of '{name}' (job {id}) {}", job.detail),
+        _ => bail!("benchmark of '{name}' (job {id}) failed: {}", job.detail),
+    }
+}
+
+/// Follows job `id` until it ends, with a progress line every few seconds; a signal in
+/// `stop` cancels it (once) and the following goes on until it has stopped.
+fn follow(c: &Client, id: u64, stop: &AtomicBool) -> Result<Job> {
+    let mut last = Instant::now();
+    let mut canceled = false;
+    loop {
+        if stop.load(Ordering::SeqCst) && !canceled {
+            canceled = true;
+            errln!("canceling job {id} (its files are removed before it ends)");
+            match c.call(Request::JobCancel { id }) {
+                Ok(_) => {}
+                // It ended between the last look and the cancel.
+                Err(e) => errln!("{e:#}"),
+            }
+        }
+        let j = match c.call(Request::JobGet { id })? {
+            Response::Job(j) => j,
+            r => return Err(unexpected(r)),
+        };
+        if j.state != "running" && j.state != "canceling" {
+            return Ok(j);
+        }
+        if last.elapsed() >= Duration::from_secs(3) {
+            last = Instant::now();
+            let total = j.total_bytes.max(1);
+            errln!(
+                "{}: {} / {} moved at {}/s, {:.0}% done{}",
+                j.detail,
+                human(j.done_bytes),
+                human(total),
+                human(j.rate as u64),
+                100.0 * j.done_bytes as f64 / total as f64,
+                j.eta_secs
+                    .map(|e| format!(", about {} to go", hms(e)))
+                    .unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
