@@ -70,6 +70,16 @@ pub struct DatasetHandle {
 }
 
 impl DatasetHandle {
+    /// The dataset's id in its pool (stable across renames, exports and imports).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The pool it is in.
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
     /// The dataset's name now.
     pub fn name(&self) -> String {
         self.name.lock().clone()

@@ -15,9 +15,9 @@
 //! # Options
 //! | protocol | dataset | options |
 //! |---|---|---|
-//! | all | | `readonly` (on/off), `comment` (text) |
+//! | all | | `readonly` or `ro` (on/off), `comment` (text) |
 //! | smb | filesystem | `users`, `groups` (accounts; empty: every account), `browseable` (on), `guest` (off), `timemachine` (off), `timemachine_quota` (a size; with timemachine), `previous_versions` (on) |
-//! | nfs | filesystem | `hosts` (addresses, CIDR networks or host names; default none), `squash` (`root_squash`, `no_root_squash`, `all_squash`), `anonuid`, `anongid` (65534), `sec` (`sys`) |
+//! | nfs | filesystem | `clients` or `hosts` (addresses, CIDR networks or host names; default none), `squash` (`root`/`root_squash`, `none`/`no_root_squash`, `all`/`all_squash`), `anonuid`, `anongid` (65534), `sec` (`sys`) |
 //! | s3 | filesystem | `users`, `groups`, `public` (`off`, `read`); the name is the bucket name |
 //! | iscsi | volume | `iqn` (a target name; default `iqn.2026-11.org.tank:POOL.NAME`), `lun` (0-255, default 0), `initiators` (IQNs; empty: none), `chap_users` (accounts) |
 
@@ -252,6 +252,12 @@ pub fn validate(
         Ok(names.join(","))
     };
     for (k, v) in options {
+        // The short forms of the command line (`ro`, nfs `hosts` for `clients`).
+        let k = &match (protocol, k.as_str()) {
+            (_, "ro") => "readonly".to_string(),
+            ("nfs", "hosts") => "clients".to_string(),
+            _ => k.clone(),
+        };
         let value = match (protocol, k.as_str()) {
             (_, "readonly") => on_off(k, v)?,
             (_, "comment") => {
@@ -268,7 +274,7 @@ pub fn validate(
                 let bytes = tank_dataset::props::parse_size(v, false).map_err(invalid)?;
                 bytes.to_string()
             }
-            ("nfs", "hosts") => {
+            ("nfs", "clients") => {
                 let hosts = list(v);
                 for h in &hosts {
                     check_host(h)?;
@@ -276,10 +282,12 @@ pub fn validate(
                 hosts.join(",")
             }
             ("nfs", "squash") => match v.as_str() {
-                "root_squash" | "no_root_squash" | "all_squash" => v.clone(),
+                "root_squash" | "root" => "root_squash".into(),
+                "no_root_squash" | "none" => "no_root_squash".into(),
+                "all_squash" | "all" => "all_squash".into(),
                 _ => {
                     return Err(invalid(format!(
-                        "invalid squash '{v}': root_squash, no_root_squash or all_squash"
+                        "invalid squash '{v}': root (root_squash), none (no_root_squash) or all (all_squash)"
                     )))
                 }
             },
@@ -530,7 +538,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(ok["hosts"], "10.0.0.0/24,fd00::/64,nas.local");
+        assert_eq!(ok["clients"], "10.0.0.0/24,fd00::/64,nas.local");
         assert_eq!(ok["anonuid"], "65534");
         let smb = validate(
             "smb",

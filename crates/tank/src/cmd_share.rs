@@ -15,8 +15,9 @@ use crate::client::{call, unexpected};
 #[derive(Subcommand)]
 pub enum ShareCmd {
     /// Share a dataset (smb, nfs, s3) or a volume (iscsi): PROTOCOL NAME DATASET [-o K=V]...
-    /// Options: readonly, comment; smb: users, groups, browseable, guest, timemachine,
-    /// timemachine_quota, previous_versions; nfs: hosts, squash, anonuid, anongid, sec;
+    /// Options: readonly (ro), comment; smb: users, groups, browseable, guest, timemachine,
+    /// timemachine_quota, previous_versions; nfs: clients (hosts), squash (root, none,
+    /// all), anonuid, anongid, sec;
     /// s3: users, groups, public; iscsi: iqn, lun, initiators, chap_users.
     Add(AddArgs),
     /// List the shares of every imported pool.

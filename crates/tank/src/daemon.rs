@@ -19,6 +19,7 @@
 //! malformed line, an unknown field or a newer API version gets a clear error and changes
 //! nothing.
 //!
+//! The NFS server (`tank_nfs`, `--nfs ADDR`) serves the nfs shares from the same service.
 //! The HTTPS API (`tank_api`) runs beside the socket on the same service, on `--api`
 //! (default 127.0.0.1:8443). SIGTERM or SIGINT stops the API, then unmounts every
 //! filesystem, syncs and exports every pool (they stay in the cache file, so the next start
@@ -63,6 +64,10 @@ pub struct ServeArgs {
     /// Let anyone read /metrics (by default a token or session is needed)
     #[arg(long)]
     pub metrics_public: bool,
+    /// Serve the nfs shares over NFSv3 on ADDR:PORT (MOUNT and NFS on that one port; the
+    /// standard port is 2049). Clients mount /NAME with nolock
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub nfs: Option<String>,
 }
 
 /// The API's address when none is given: loopback, port 8443.
@@ -316,6 +321,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
             Err(e) => return Err(e.context("cannot serve the API")),
         }
     };
+    let nfs = match &a.nfs {
+        None => None,
+        Some(spec) => {
+            let addr: std::net::SocketAddr = spec.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid --nfs '{spec}': give ADDR:PORT, e.g. 127.0.0.1:2049 or [::1]:2049"
+                )
+            })?;
+            let server = tank_nfs::start(svc.clone(), addr).context("cannot serve NFS")?;
+            println!("nfs: {}", server.local_addr());
+            Some(server)
+        }
+    };
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     // Anyone on the host may connect; each request is authorized for the uid the kernel
@@ -347,6 +365,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // No new requests: the API first (requests in flight finish), then the socket.
     if let Some(api) = api {
         api.stop();
+    }
+    if let Some(nfs) = nfs {
+        nfs.stop();
     }
     let _ = std::fs::remove_file(&sock);
     let names: Vec<String> = svc.open_pools().iter().map(|o| o.pool.name()).collect();

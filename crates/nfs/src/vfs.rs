@@ -1,0 +1,923 @@
+//! NFSv3 operations on tank filesystems: `nfs3_server`'s file system trait implemented on
+//! the dataset layer's [`Fs`], with the caller's identity in every check.
+//!
+//! # Theory of operation
+//! Each call finds its export from the file handle (a client the export does not allow
+//! gets `NFS3ERR_ACCES`; a handle of an export that is gone, `NFS3ERR_STALE`), and its
+//! credential from AUTH_SYS after the export's squash rule. Every operation then goes through the same `Fs` call as the FUSE mount, with that
+//! credential, so the permission checks are the local ones: search permission on each
+//! directory looked up in, read permission for READ and READDIR, write permission for
+//! WRITE and SETATTR's size, ownership for chmod and chown, the sticky bit for REMOVE and
+//! RENAME. A read-only export refuses every change with `NFS3ERR_ROFS`.
+//!
+//! A handle carries the inode's generation; a handle whose inode is gone, or was reused by
+//! a later file, is stale. WRITE with `UNSTABLE` is acknowledged once the data is in the
+//! open transaction group; COMMIT (and a `FILE_SYNC` or `DATA_SYNC` WRITE before its
+//! reply) commits it to the intent log, as fsync does. Exclusive CREATE keeps the client's
+//! verifier in the new file's atime and mtime seconds (as knfsd and ZFS keep it) until the
+//! client sets the real times, so a retransmitted CREATE finds its own file.
+//!
+//! The engine's calls block on disk I/O: they run under `block_in_place`, on the runtime's
+//! worker, which hands its other tasks to another worker meanwhile.
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nfs3_server::nfs3_types::nfs3::{
+    createverf3, fattr3, filename3, ftype3, nfspath3, nfsstat3, nfstime3, post_op_attr, sattr3,
+    set_atime, set_mtime, specdata3, stable_how, FSINFO3resok, Nfs3Option, ACCESS3_DELETE,
+    ACCESS3_EXECUTE, ACCESS3_EXTEND, ACCESS3_LOOKUP, ACCESS3_MODIFY, ACCESS3_READ, FSF3_CANSETTIME,
+    FSF3_HOMOGENEOUS, FSF3_LINK, FSF3_SYMLINK,
+};
+use nfs3_server::vfs::{
+    request_context, DirEntryPlus, NextResult, NfsFileSystem, NfsReadFileSystem,
+    ReadDirPlusIterator,
+};
+use tank_dataset::posix::{
+    Attr, Cred, FileKind, Fs, Ino, RenameFlags, SetAttr, TimeSet, Timespec, ROOT_INO,
+};
+use tank_dataset::Errno;
+use tank_service::stats::ProtocolStats;
+
+use crate::exports::{Export, Exports};
+use crate::handle::Fh;
+
+const NFSPROC3_RMDIR: u32 = 13;
+
+/// The file system the NFS server serves: every export, under a pseudo-root.
+pub struct TankNfs {
+    exports: Arc<Exports>,
+    stats: Arc<ProtocolStats>,
+}
+
+/// One call's export, filesystem and credential.
+struct Call {
+    export: Arc<Export>,
+    fs: Arc<Fs>,
+    cred: Cred,
+}
+
+impl Call {
+    /// The attributes of the handle's inode, or stale if it is gone or reused.
+    fn attr(&self, fh: &Fh) -> Result<Attr, nfsstat3> {
+        let a = self.fs.getattr(fh.ino()).map_err(|e| match e {
+            Errno::ENOENT => nfsstat3::NFS3ERR_STALE,
+            e => status(e),
+        })?;
+        if a.generation != fh.generation() || a.nlink == 0 {
+            return Err(nfsstat3::NFS3ERR_STALE);
+        }
+        Ok(a)
+    }
+
+    fn fh(&self, a: &Attr) -> Fh {
+        Fh::new(
+            self.export.pool_guid,
+            self.export.dataset_id,
+            Fh::export_id(&self.export.name),
+            a.ino,
+            a.generation,
+        )
+    }
+
+    fn fattr(&self, a: &Attr) -> fattr3 {
+        fattr(fsid(&self.export), a)
+    }
+
+    fn writable(&self) -> Result<(), nfsstat3> {
+        if self.export.readonly {
+            Err(nfsstat3::NFS3ERR_ROFS)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The errno of the dataset layer as NFS says it.
+fn status(e: Errno) -> nfsstat3 {
+    use nfsstat3 as S;
+    match e {
+        Errno::EPERM => S::NFS3ERR_PERM,
+        Errno::ENOENT => S::NFS3ERR_NOENT,
+        Errno::EACCES => S::NFS3ERR_ACCES,
+        Errno::EEXIST => S::NFS3ERR_EXIST,
+        Errno::EXDEV => S::NFS3ERR_XDEV,
+        Errno::ENOTDIR => S::NFS3ERR_NOTDIR,
+        Errno::EISDIR => S::NFS3ERR_ISDIR,
+        Errno::EINVAL => S::NFS3ERR_INVAL,
+        Errno::EFBIG => S::NFS3ERR_FBIG,
+        Errno::ENOSPC => S::NFS3ERR_NOSPC,
+        Errno::EDQUOT => S::NFS3ERR_DQUOT,
+        Errno::EROFS => S::NFS3ERR_ROFS,
+        Errno::EMLINK => S::NFS3ERR_MLINK,
+        Errno::ENAMETOOLONG => S::NFS3ERR_NAMETOOLONG,
+        Errno::ENOTEMPTY => S::NFS3ERR_NOTEMPTY,
+        Errno::EOPNOTSUPP | Errno::ENOSYS => S::NFS3ERR_NOTSUPP,
+        Errno::EBUSY => S::NFS3ERR_JUKEBOX,
+        _ => S::NFS3ERR_IO,
+    }
+}
+
+/// A filesystem id per exported dataset, so that clients tell datasets apart.
+fn fsid(e: &Export) -> u64 {
+    e.pool_guid.rotate_left(17) ^ e.dataset_id
+}
+
+fn time(t: Timespec) -> nfstime3 {
+    nfstime3 {
+        seconds: t.sec.clamp(0, i64::from(u32::MAX)) as u32,
+        nseconds: t.nsec,
+    }
+}
+
+fn fattr(fsid: u64, a: &Attr) -> fattr3 {
+    fattr3 {
+        type_: match a.kind {
+            FileKind::File => ftype3::NF3REG,
+            FileKind::Dir => ftype3::NF3DIR,
+            FileKind::Symlink => ftype3::NF3LNK,
+            FileKind::BlockDev => ftype3::NF3BLK,
+            FileKind::CharDev => ftype3::NF3CHR,
+            FileKind::Fifo => ftype3::NF3FIFO,
+            FileKind::Socket => ftype3::NF3SOCK,
+        },
+        mode: u32::from(a.perm),
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        size: a.size,
+        used: a.blocks * 512,
+        rdev: specdata3 {
+            specdata1: libc::major(u64::from(a.rdev)),
+            specdata2: libc::minor(u64::from(a.rdev)),
+        },
+        fsid,
+        fileid: a.ino,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+    }
+}
+
+/// The pseudo-root's attributes: a read-only directory that lists the exports.
+fn root_attr() -> fattr3 {
+    let t = nfstime3 {
+        seconds: 0,
+        nseconds: 0,
+    };
+    fattr3 {
+        type_: ftype3::NF3DIR,
+        mode: 0o555,
+        nlink: 2,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        used: 0,
+        rdev: specdata3::default(),
+        fsid: 0,
+        fileid: 1,
+        atime: t,
+        mtime: t,
+        ctime: t,
+    }
+}
+
+fn name_of<'a>(n: &'a filename3<'_>) -> &'a OsStr {
+    OsStr::from_bytes(&n.0)
+}
+
+fn set_attr(s: &sattr3) -> SetAttr {
+    let opt = |o: &Nfs3Option<u32>| match o {
+        Nfs3Option::Some(v) => Some(*v),
+        Nfs3Option::None => None,
+    };
+    let at = |t: nfstime3| {
+        TimeSet::At(Timespec {
+            sec: i64::from(t.seconds),
+            nsec: t.nseconds.min(999_999_999),
+        })
+    };
+    SetAttr {
+        mode: opt(&s.mode).map(|m| m & 0o7777),
+        uid: opt(&s.uid),
+        gid: opt(&s.gid),
+        size: match s.size {
+            Nfs3Option::Some(v) => Some(v),
+            Nfs3Option::None => None,
+        },
+        atime: match s.atime {
+            set_atime::DONT_CHANGE => None,
+            set_atime::SET_TO_SERVER_TIME => Some(TimeSet::Now),
+            set_atime::SET_TO_CLIENT_TIME(t) => Some(at(t)),
+        },
+        mtime: match s.mtime {
+            set_mtime::DONT_CHANGE => None,
+            set_mtime::SET_TO_SERVER_TIME => Some(TimeSet::Now),
+            set_mtime::SET_TO_CLIENT_TIME(t) => Some(at(t)),
+        },
+    }
+}
+
+fn is_empty(s: &SetAttr) -> bool {
+    *s == SetAttr::default()
+}
+
+/// Runs engine work that may block on disk I/O.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+impl TankNfs {
+    pub fn new(exports: Arc<Exports>, stats: Arc<ProtocolStats>) -> TankNfs {
+        TankNfs { exports, stats }
+    }
+
+    /// Counts one operation for the metrics.
+    fn count<T>(&self, op: &str, start: Instant, r: &Result<T, nfsstat3>) {
+        self.stats.op("nfs", op).record(start.elapsed(), r.is_err());
+    }
+
+    fn client() -> Option<IpAddr> {
+        let ctx = request_context()?;
+        ctx.client_addr.parse::<SocketAddr>().ok().map(|a| a.ip())
+    }
+
+    /// The export the handle was obtained through, if this client may use it, with its
+    /// filesystem and the caller's credential.
+    fn call(&self, fh: &Fh) -> Result<Call, nfsstat3> {
+        let export = self
+            .exports
+            .of_dataset(fh.pool_guid(), fh.dataset_id())
+            .into_iter()
+            .find(|e| Fh::export_id(&e.name) == fh.export())
+            .ok_or(nfsstat3::NFS3ERR_STALE)?;
+        let ip = Self::client().ok_or(nfsstat3::NFS3ERR_ACCES)?;
+        if !export.allows(ip) {
+            return Err(nfsstat3::NFS3ERR_ACCES);
+        }
+        self.call_on(export)
+    }
+
+    fn call_on(&self, export: Arc<Export>) -> Result<Call, nfsstat3> {
+        // While a rollback replaces the filesystem: try again shortly.
+        let fs = export.fs().ok_or(nfsstat3::NFS3ERR_JUKEBOX)?;
+        let ctx = request_context();
+        let auth = ctx.as_ref().and_then(|c| c.auth.as_ref());
+        let cred = export.cred(auth.map(|a| (a.uid, a.gid, a.gids.as_slice())));
+        Ok(Call { export, fs, cred })
+    }
+
+    /// The export named `name` if this client may use it.
+    fn export_named(&self, name: &[u8]) -> Result<Arc<Export>, nfsstat3> {
+        let name = std::str::from_utf8(name).map_err(|_| nfsstat3::NFS3ERR_NOENT)?;
+        let e = self.exports.by_name(name).ok_or(nfsstat3::NFS3ERR_NOENT)?;
+        let ip = Self::client().ok_or(nfsstat3::NFS3ERR_ACCES)?;
+        if !e.allows(ip) {
+            return Err(nfsstat3::NFS3ERR_ACCES);
+        }
+        Ok(e)
+    }
+
+    fn export_root(&self, export: Arc<Export>) -> Result<(Fh, fattr3), nfsstat3> {
+        let call = self.call_on(export)?;
+        let a = call.fs.getattr(ROOT_INO).map_err(status)?;
+        Ok((call.fh(&a), call.fattr(&a)))
+    }
+
+    fn lookup_sync(&self, dir: &Fh, name: &filename3<'_>) -> Result<Fh, nfsstat3> {
+        if dir.is_root() {
+            if name.0.as_ref() == b"." || name.0.as_ref() == b".." {
+                return Ok(Fh::root());
+            }
+            let e = self.export_named(&name.0)?;
+            return self.export_root(e).map(|(fh, _)| fh);
+        }
+        let call = self.call(dir)?;
+        call.attr(dir)?;
+        let a = call
+            .fs
+            .lookup(&call.cred, dir.ino(), name_of(name))
+            .map_err(status)?;
+        Ok(call.fh(&a))
+    }
+
+    fn getattr_sync(&self, fh: &Fh) -> Result<fattr3, nfsstat3> {
+        if fh.is_root() {
+            return Ok(root_attr());
+        }
+        let call = self.call(fh)?;
+        let a = call.attr(fh)?;
+        Ok(call.fattr(&a))
+    }
+
+    fn read_sync(&self, fh: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, bool), nfsstat3> {
+        if fh.is_root() {
+            return Err(nfsstat3::NFS3ERR_ISDIR);
+        }
+        let call = self.call(fh)?;
+        let a = call.attr(fh)?;
+        call.fs
+            .access(&call.cred, fh.ino(), libc::R_OK)
+            .map_err(status)?;
+        let data = call.fs.read(fh.ino(), offset, count).map_err(status)?;
+        let eof = offset.saturating_add(data.len() as u64) >= a.size;
+        Ok((data, eof))
+    }
+
+    fn access_sync(&self, fh: &Fh, mask: u32) -> Result<u32, nfsstat3> {
+        if fh.is_root() {
+            return Ok(mask & (ACCESS3_READ | ACCESS3_LOOKUP | ACCESS3_EXECUTE));
+        }
+        let call = self.call(fh)?;
+        let a = call.attr(fh)?;
+        let may = |m: i32| call.fs.access(&call.cred, fh.ino(), m).is_ok();
+        let mut granted = 0;
+        if mask & ACCESS3_READ != 0 && may(libc::R_OK) {
+            granted |= ACCESS3_READ;
+        }
+        if a.kind == FileKind::Dir {
+            if mask & ACCESS3_LOOKUP != 0 && may(libc::X_OK) {
+                granted |= ACCESS3_LOOKUP;
+            }
+            if mask & (ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_DELETE) != 0
+                && may(libc::W_OK | libc::X_OK)
+            {
+                granted |= mask & (ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_DELETE);
+            }
+        } else {
+            if mask & (ACCESS3_MODIFY | ACCESS3_EXTEND) != 0 && may(libc::W_OK) {
+                granted |= mask & (ACCESS3_MODIFY | ACCESS3_EXTEND);
+            }
+            if mask & ACCESS3_EXECUTE != 0 && may(libc::X_OK) {
+                granted |= ACCESS3_EXECUTE;
+            }
+        }
+        if call.export.readonly {
+            granted &= !(ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_DELETE);
+        }
+        Ok(granted)
+    }
+
+    fn fsstat_sync(&self, fh: &Fh) -> Result<[u64; 6], nfsstat3> {
+        if fh.is_root() {
+            return Ok([0; 6]);
+        }
+        let call = self.call(fh)?;
+        call.attr(fh)?;
+        let s = call.fs.statfs().map_err(status)?;
+        let b = u64::from(s.bsize);
+        Ok([
+            s.blocks * b,
+            s.bfree * b,
+            s.bavail * b,
+            s.files,
+            s.ffree,
+            s.ffree,
+        ])
+    }
+
+    fn entries_sync(&self, dir: &Fh, cookie: u64) -> Result<Entries, nfsstat3> {
+        if dir.is_root() {
+            let ip = Self::client().ok_or(nfsstat3::NFS3ERR_ACCES)?;
+            let mut items = VecDeque::new();
+            for (i, e) in self.exports.all().into_iter().enumerate() {
+                let c = i as u64 + 1;
+                if c <= cookie || !e.allows(ip) {
+                    continue;
+                }
+                let name = e.name.clone().into_bytes();
+                if let Ok((fh, attr)) = self.export_root(e) {
+                    items.push_back(DirEntryPlus {
+                        fileid: attr.fileid,
+                        name: name.into(),
+                        cookie: c,
+                        name_attributes: Some(attr),
+                        name_handle: Some(fh),
+                    });
+                }
+            }
+            return Ok(Entries { items, more: None });
+        }
+        let call = self.call(dir)?;
+        call.attr(dir)?;
+        let mut e = Entries {
+            items: VecDeque::new(),
+            more: Some((call, dir.ino(), cookie)),
+        };
+        e.fill()?;
+        Ok(e)
+    }
+
+    fn setattr_sync(&self, fh: &Fh, s: &sattr3) -> Result<fattr3, nfsstat3> {
+        if fh.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        let call = self.call(fh)?;
+        call.writable()?;
+        call.attr(fh)?;
+        let a = call
+            .fs
+            .setattr(&call.cred, fh.ino(), &set_attr(s))
+            .map_err(status)?;
+        Ok(call.fattr(&a))
+    }
+
+    fn write_sync(
+        &self,
+        fh: &Fh,
+        offset: u64,
+        data: &[u8],
+        stable: stable_how,
+    ) -> Result<(fattr3, stable_how), nfsstat3> {
+        if fh.is_root() {
+            return Err(nfsstat3::NFS3ERR_ISDIR);
+        }
+        let call = self.call(fh)?;
+        call.writable()?;
+        let a = call.attr(fh)?;
+        if a.kind != FileKind::File {
+            return Err(if a.kind == FileKind::Dir {
+                nfsstat3::NFS3ERR_ISDIR
+            } else {
+                nfsstat3::NFS3ERR_INVAL
+            });
+        }
+        call.fs
+            .access(&call.cred, fh.ino(), libc::W_OK)
+            .map_err(status)?;
+        call.fs
+            .write(&call.cred, fh.ino(), offset, data, false)
+            .map_err(status)?;
+        let committed = if stable == stable_how::UNSTABLE {
+            stable_how::UNSTABLE
+        } else {
+            call.fs.fsync(fh.ino(), false).map_err(status)?;
+            stable_how::FILE_SYNC
+        };
+        let a = call.attr(fh)?;
+        Ok((call.fattr(&a), committed))
+    }
+
+    /// A new node's attributes beyond its mode (owner, size, times), set by its creator.
+    fn finish_new(&self, call: &Call, a: Attr, s: &sattr3) -> Result<Attr, nfsstat3> {
+        let mut set = set_attr(s);
+        set.mode = None;
+        if is_empty(&set) {
+            return Ok(a);
+        }
+        call.fs.setattr(&call.cred, a.ino, &set).map_err(status)
+    }
+
+    fn create_sync(
+        &self,
+        dir: &Fh,
+        name: &filename3<'_>,
+        s: &sattr3,
+    ) -> Result<(Fh, fattr3), nfsstat3> {
+        if dir.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        let call = self.call(dir)?;
+        call.writable()?;
+        call.attr(dir)?;
+        let mode = match s.mode {
+            Nfs3Option::Some(m) => m & 0o7777,
+            Nfs3Option::None => 0o644,
+        };
+        let a = call
+            .fs
+            .create(
+                &call.cred,
+                dir.ino(),
+                name_of(name),
+                libc::S_IFREG | mode,
+                libc::O_CREAT | libc::O_WRONLY,
+            )
+            .map_err(status)?;
+        let _ = call.fs.release(a.ino);
+        let a = self.finish_new(&call, a, s)?;
+        Ok((call.fh(&a), call.fattr(&a)))
+    }
+
+    fn create_exclusive_sync(
+        &self,
+        dir: &Fh,
+        name: &filename3<'_>,
+        verf: createverf3,
+    ) -> Result<Fh, nfsstat3> {
+        if dir.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        let call = self.call(dir)?;
+        call.writable()?;
+        call.attr(dir)?;
+        let half = |i: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&verf.0[i..i + 4]);
+            i64::from(u32::from_be_bytes(b))
+        };
+        let (v0, v1) = (half(0), half(4));
+        let stamp = |sec| TimeSet::At(Timespec { sec, nsec: 0 });
+        match call.fs.create(
+            &call.cred,
+            dir.ino(),
+            name_of(name),
+            libc::S_IFREG | 0o644,
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+        ) {
+            Ok(a) => {
+                let _ = call.fs.release(a.ino);
+                let set = SetAttr {
+                    atime: Some(stamp(v0)),
+                    mtime: Some(stamp(v1)),
+                    ..SetAttr::default()
+                };
+                let a = call.fs.setattr(&call.cred, a.ino, &set).map_err(status)?;
+                Ok(call.fh(&a))
+            }
+            Err(Errno::EEXIST) => {
+                // A retransmission finds the file it made: the verifier is still there.
+                let a = call
+                    .fs
+                    .lookup(&call.cred, dir.ino(), name_of(name))
+                    .map_err(status)?;
+                if a.kind == FileKind::File && a.atime.sec == v0 && a.mtime.sec == v1 {
+                    Ok(call.fh(&a))
+                } else {
+                    Err(nfsstat3::NFS3ERR_EXIST)
+                }
+            }
+            Err(e) => Err(status(e)),
+        }
+    }
+
+    fn mkdir_sync(
+        &self,
+        dir: &Fh,
+        name: &filename3<'_>,
+        s: &sattr3,
+    ) -> Result<(Fh, fattr3), nfsstat3> {
+        if dir.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        let call = self.call(dir)?;
+        call.writable()?;
+        call.attr(dir)?;
+        let mode = match s.mode {
+            Nfs3Option::Some(m) => m & 0o7777,
+            Nfs3Option::None => 0o755,
+        };
+        let a = call
+            .fs
+            .mkdir(&call.cred, dir.ino(), name_of(name), mode)
+            .map_err(status)?;
+        let a = self.finish_new(&call, a, s)?;
+        Ok((call.fh(&a), call.fattr(&a)))
+    }
+
+    fn remove_sync(&self, dir: &Fh, name: &filename3<'_>) -> Result<(), nfsstat3> {
+        if dir.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        let call = self.call(dir)?;
+        call.writable()?;
+        call.attr(dir)?;
+        let rmdir = request_context().is_some_and(|c| c.proc_ == NFSPROC3_RMDIR);
+        if rmdir {
+            call.fs.rmdir(&call.cred, dir.ino(), name_of(name))
+        } else {
+            call.fs.unlink(&call.cred, dir.ino(), name_of(name))
+        }
+        .map_err(status)
+    }
+
+    fn rename_sync(
+        &self,
+        from: &Fh,
+        from_name: &filename3<'_>,
+        to: &Fh,
+        to_name: &filename3<'_>,
+    ) -> Result<(), nfsstat3> {
+        if from.is_root() || to.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        if (from.pool_guid(), from.dataset_id()) != (to.pool_guid(), to.dataset_id()) {
+            return Err(nfsstat3::NFS3ERR_XDEV);
+        }
+        let call = self.call(from)?;
+        call.writable()?;
+        call.attr(from)?;
+        call.attr(to)?;
+        call.fs
+            .rename(
+                &call.cred,
+                from.ino(),
+                name_of(from_name),
+                to.ino(),
+                name_of(to_name),
+                RenameFlags::default(),
+            )
+            .map_err(status)
+    }
+
+    fn symlink_sync(
+        &self,
+        dir: &Fh,
+        name: &filename3<'_>,
+        target: &nfspath3<'_>,
+        s: &sattr3,
+    ) -> Result<(Fh, fattr3), nfsstat3> {
+        if dir.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        let call = self.call(dir)?;
+        call.writable()?;
+        call.attr(dir)?;
+        let a = call
+            .fs
+            .symlink(
+                &call.cred,
+                dir.ino(),
+                name_of(name),
+                OsStr::from_bytes(&target.0),
+            )
+            .map_err(status)?;
+        let mut set = set_attr(s);
+        // A symlink's mode is always 0777; its times and owner may be given.
+        set.mode = None;
+        set.size = None;
+        let a = if is_empty(&set) {
+            a
+        } else {
+            call.fs.setattr(&call.cred, a.ino, &set).map_err(status)?
+        };
+        Ok((call.fh(&a), call.fattr(&a)))
+    }
+
+    fn link_sync(&self, file: &Fh, dir: &Fh, name: &filename3<'_>) -> Result<(), nfsstat3> {
+        if file.is_root() || dir.is_root() {
+            return Err(nfsstat3::NFS3ERR_ROFS);
+        }
+        if (file.pool_guid(), file.dataset_id()) != (dir.pool_guid(), dir.dataset_id()) {
+            return Err(nfsstat3::NFS3ERR_XDEV);
+        }
+        let call = self.call(dir)?;
+        call.writable()?;
+        call.attr(file)?;
+        call.attr(dir)?;
+        call.fs
+            .link(&call.cred, file.ino(), dir.ino(), name_of(name))
+            .map(|_| ())
+            .map_err(status)
+    }
+
+    fn readlink_sync(&self, fh: &Fh) -> Result<Vec<u8>, nfsstat3> {
+        if fh.is_root() {
+            return Err(nfsstat3::NFS3ERR_INVAL);
+        }
+        let call = self.call(fh)?;
+        call.attr(fh)?;
+        call.fs.readlink(fh.ino()).map_err(status)
+    }
+
+    fn commit_sync(&self, fh: &Fh) -> Result<(), nfsstat3> {
+        if fh.is_root() {
+            return Ok(());
+        }
+        let call = self.call(fh)?;
+        call.attr(fh)?;
+        call.fs.fsync(fh.ino(), false).map_err(status)
+    }
+}
+
+/// A directory's entries with their attributes and handles, read from the filesystem a
+/// batch at a time as the reply fills.
+pub struct Entries {
+    items: VecDeque<DirEntryPlus<Fh>>,
+    /// Where to read more: the call, the directory and the last cookie read.
+    more: Option<(Call, Ino, u64)>,
+}
+
+const BATCH: usize = 256;
+
+impl Entries {
+    fn fill(&mut self) -> Result<(), nfsstat3> {
+        let Some((call, dir, cookie)) = self.more.take() else {
+            return Ok(());
+        };
+        let list = call
+            .fs
+            .readdir(&call.cred, dir, cookie, BATCH)
+            .map_err(status)?;
+        let done = list.len() < BATCH;
+        let mut last = cookie;
+        for e in list {
+            last = e.cookie;
+            let attr = call.fs.getattr(e.ino).ok();
+            self.items.push_back(DirEntryPlus {
+                fileid: e.ino,
+                name: e.name.into(),
+                cookie: e.cookie,
+                name_attributes: attr.as_ref().map(|a| call.fattr(a)),
+                name_handle: attr.as_ref().map(|a| call.fh(a)),
+            });
+        }
+        if !done {
+            self.more = Some((call, dir, last));
+        }
+        Ok(())
+    }
+}
+
+impl ReadDirPlusIterator<Fh> for Entries {
+    async fn next(&mut self) -> NextResult<DirEntryPlus<Fh>> {
+        if self.items.is_empty() && self.more.is_some() {
+            if let Err(e) = blocking(|| self.fill()) {
+                return NextResult::Err(e);
+            }
+        }
+        match self.items.pop_front() {
+            Some(e) => NextResult::Ok(e),
+            None => NextResult::Eof,
+        }
+    }
+}
+
+/// Runs `f` blocking and counts it as `op`.
+macro_rules! op {
+    ($self:ident, $op:literal, $body:expr) => {{
+        let start = Instant::now();
+        let r = blocking(|| $body);
+        $self.count($op, start, &r);
+        r
+    }};
+}
+
+impl NfsReadFileSystem for TankNfs {
+    type Handle = Fh;
+
+    fn root_dir(&self) -> Fh {
+        Fh::root()
+    }
+
+    async fn lookup(&self, dirid: &Fh, filename: &filename3<'_>) -> Result<Fh, nfsstat3> {
+        op!(self, "lookup", self.lookup_sync(dirid, filename))
+    }
+
+    async fn getattr(&self, id: &Fh) -> Result<fattr3, nfsstat3> {
+        op!(self, "getattr", self.getattr_sync(id))
+    }
+
+    async fn read(&self, id: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, bool), nfsstat3> {
+        op!(self, "read", self.read_sync(id, offset, count))
+    }
+
+    async fn readdirplus(
+        &self,
+        dirid: &Fh,
+        cookie: u64,
+    ) -> Result<impl ReadDirPlusIterator<Fh>, nfsstat3> {
+        op!(self, "readdir", self.entries_sync(dirid, cookie))
+    }
+
+    async fn readlink(&self, id: &Fh) -> Result<nfspath3<'_>, nfsstat3> {
+        op!(self, "readlink", self.readlink_sync(id)).map(nfspath3::from)
+    }
+
+    async fn access(&self, id: &Fh, mask: u32) -> Result<u32, nfsstat3> {
+        op!(self, "access", self.access_sync(id, mask))
+    }
+
+    async fn fsstat(&self, id: &Fh) -> Result<[u64; 6], nfsstat3> {
+        op!(self, "fsstat", self.fsstat_sync(id))
+    }
+
+    fn exports(&self) -> Vec<String> {
+        let ip = Self::client();
+        self.exports
+            .all()
+            .into_iter()
+            .filter(|e| ip.is_some_and(|ip| e.allows(ip)))
+            .map(|e| format!("/{}", e.name))
+            .collect()
+    }
+
+    async fn fsinfo(&self, root: &Fh) -> Result<FSINFO3resok, nfsstat3> {
+        let attr = self.getattr(root).await;
+        Ok(FSINFO3resok {
+            obj_attributes: attr.map_or(post_op_attr::None, post_op_attr::Some),
+            rtmax: 1 << 20,
+            rtpref: 1 << 20,
+            rtmult: 4096,
+            wtmax: 1 << 20,
+            wtpref: 1 << 20,
+            wtmult: 4096,
+            dtpref: 64 << 10,
+            maxfilesize: i64::MAX as u64,
+            time_delta: nfstime3 {
+                seconds: 0,
+                nseconds: 1,
+            },
+            properties: FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME,
+        })
+    }
+}
+
+impl NfsFileSystem for TankNfs {
+    async fn setattr(&self, id: &Fh, setattr: sattr3) -> Result<fattr3, nfsstat3> {
+        op!(self, "setattr", self.setattr_sync(id, &setattr))
+    }
+
+    async fn write(
+        &self,
+        id: &Fh,
+        offset: u64,
+        data: &[u8],
+        stable: stable_how,
+    ) -> Result<(fattr3, stable_how), nfsstat3> {
+        op!(self, "write", self.write_sync(id, offset, data, stable))
+    }
+
+    async fn create(
+        &self,
+        dirid: &Fh,
+        filename: &filename3<'_>,
+        attr: sattr3,
+    ) -> Result<(Fh, fattr3), nfsstat3> {
+        op!(self, "create", self.create_sync(dirid, filename, &attr))
+    }
+
+    async fn create_exclusive(
+        &self,
+        dirid: &Fh,
+        filename: &filename3<'_>,
+        createverf: createverf3,
+    ) -> Result<Fh, nfsstat3> {
+        op!(
+            self,
+            "create",
+            self.create_exclusive_sync(dirid, filename, createverf)
+        )
+    }
+
+    async fn mkdir(&self, dirid: &Fh, dirname: &filename3<'_>) -> Result<(Fh, fattr3), nfsstat3> {
+        op!(
+            self,
+            "mkdir",
+            self.mkdir_sync(dirid, dirname, &sattr3::default())
+        )
+    }
+
+    async fn mkdir_with(
+        &self,
+        dirid: &Fh,
+        dirname: &filename3<'_>,
+        attr: &sattr3,
+    ) -> Result<(Fh, fattr3), nfsstat3> {
+        op!(self, "mkdir", self.mkdir_sync(dirid, dirname, attr))
+    }
+
+    async fn remove(&self, dirid: &Fh, filename: &filename3<'_>) -> Result<(), nfsstat3> {
+        op!(self, "remove", self.remove_sync(dirid, filename))
+    }
+
+    async fn rename<'a>(
+        &self,
+        from_dirid: &Fh,
+        from_filename: &filename3<'a>,
+        to_dirid: &Fh,
+        to_filename: &filename3<'a>,
+    ) -> Result<(), nfsstat3> {
+        op!(
+            self,
+            "rename",
+            self.rename_sync(from_dirid, from_filename, to_dirid, to_filename)
+        )
+    }
+
+    async fn symlink<'a>(
+        &self,
+        dirid: &Fh,
+        linkname: &filename3<'a>,
+        symlink: &nfspath3<'a>,
+        attr: &sattr3,
+    ) -> Result<(Fh, fattr3), nfsstat3> {
+        op!(
+            self,
+            "symlink",
+            self.symlink_sync(dirid, linkname, symlink, attr)
+        )
+    }
+
+    async fn link(&self, id: &Fh, dirid: &Fh, linkname: &filename3<'_>) -> Result<(), nfsstat3> {
+        op!(self, "link", self.link_sync(id, dirid, linkname))
+    }
+
+    async fn commit(&self, id: &Fh, _offset: u64, _count: u32) -> Result<(), nfsstat3> {
+        op!(self, "commit", self.commit_sync(id))
+    }
+}
