@@ -13,7 +13,9 @@
 //! A handle carries the inode's generation; a handle whose inode is gone, or was reused by
 //! a later file, is stale. WRITE with `UNSTABLE` is acknowledged once the data is in the
 //! open transaction group; COMMIT (and a `FILE_SYNC` or `DATA_SYNC` WRITE before its
-//! reply) commits it to the intent log, as fsync does. Exclusive CREATE keeps the client's
+//! reply) commits it to the intent log, as fsync does. Every other change (CREATE, MKDIR,
+//! SYMLINK, LINK, REMOVE, RMDIR, RENAME, SETATTR) is committed to the intent log before
+//! its reply, as NFSv3 requires of a server. Exclusive CREATE keeps the client's
 //! verifier in the new file's atime and mtime seconds (as knfsd and ZFS keep it) until the
 //! client sets the real times, so a retransmitted CREATE finds its own file.
 //!
@@ -86,6 +88,13 @@ impl Call {
 
     fn fattr(&self, a: &Attr) -> fattr3 {
         fattr(fsid(&self.export), a)
+    }
+
+    /// Makes a change durable before its reply, as NFSv3 asks of every operation but an
+    /// UNSTABLE WRITE: the intent log committed, as by fsync.
+    fn durable<T>(&self, ino: Ino, r: T) -> Result<T, nfsstat3> {
+        self.fs.fsync(ino, false).map_err(status)?;
+        Ok(r)
     }
 
     fn writable(&self) -> Result<(), nfsstat3> {
@@ -423,7 +432,7 @@ impl TankNfs {
             .fs
             .setattr(&call.cred, fh.ino(), &set_attr(s))
             .map_err(status)?;
-        Ok(call.fattr(&a))
+        call.durable(fh.ino(), call.fattr(&a))
     }
 
     fn write_sync(
@@ -500,7 +509,7 @@ impl TankNfs {
             .map_err(status)?;
         let _ = call.fs.release(a.ino);
         let a = self.finish_new(&call, a, s)?;
-        Ok((call.fh(&a), call.fattr(&a)))
+        call.durable(dir.ino(), (call.fh(&a), call.fattr(&a)))
     }
 
     fn create_exclusive_sync(
@@ -537,7 +546,7 @@ impl TankNfs {
                     ..SetAttr::default()
                 };
                 let a = call.fs.setattr(&call.cred, a.ino, &set).map_err(status)?;
-                Ok(call.fh(&a))
+                call.durable(dir.ino(), call.fh(&a))
             }
             Err(Errno::EEXIST) => {
                 // A retransmission finds the file it made: the verifier is still there.
@@ -576,7 +585,7 @@ impl TankNfs {
             .mkdir(&call.cred, dir.ino(), name_of(name), mode)
             .map_err(status)?;
         let a = self.finish_new(&call, a, s)?;
-        Ok((call.fh(&a), call.fattr(&a)))
+        call.durable(dir.ino(), (call.fh(&a), call.fattr(&a)))
     }
 
     fn remove_sync(&self, dir: &Fh, name: &filename3<'_>) -> Result<(), nfsstat3> {
@@ -592,7 +601,8 @@ impl TankNfs {
         } else {
             call.fs.unlink(&call.cred, dir.ino(), name_of(name))
         }
-        .map_err(status)
+        .map_err(status)?;
+        call.durable(dir.ino(), ())
     }
 
     fn rename_sync(
@@ -621,7 +631,8 @@ impl TankNfs {
                 name_of(to_name),
                 RenameFlags::default(),
             )
-            .map_err(status)
+            .map_err(status)?;
+        call.durable(to.ino(), ())
     }
 
     fn symlink_sync(
@@ -655,7 +666,7 @@ impl TankNfs {
         } else {
             call.fs.setattr(&call.cred, a.ino, &set).map_err(status)?
         };
-        Ok((call.fh(&a), call.fattr(&a)))
+        call.durable(dir.ino(), (call.fh(&a), call.fattr(&a)))
     }
 
     fn link_sync(&self, file: &Fh, dir: &Fh, name: &filename3<'_>) -> Result<(), nfsstat3> {
@@ -671,8 +682,8 @@ impl TankNfs {
         call.attr(dir)?;
         call.fs
             .link(&call.cred, file.ino(), dir.ino(), name_of(name))
-            .map(|_| ())
-            .map_err(status)
+            .map_err(status)?;
+        call.durable(dir.ino(), ())
     }
 
     fn readlink_sync(&self, fh: &Fh) -> Result<Vec<u8>, nfsstat3> {

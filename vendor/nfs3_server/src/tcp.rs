@@ -7,7 +7,7 @@ use anyhow;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::context::RPCContext;
 use crate::rpcwire::{SocketMessageHandler, write_fragment};
@@ -26,7 +26,12 @@ pub struct NFSTcpListener<T: NfsFileSystem + 'static> {
     transaction_tracker: Arc<TransactionTracker>,
     file_handle_converter: crate::vfs::handle::FileHandleConverter,
     stop_notify: Arc<tokio::sync::Notify>,
+    /// tank: connections open now.
+    connections: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// tank: the most connections served at once.
+pub const MAX_CONNECTIONS: usize = 1024;
 
 impl<T: NfsFileSystem + 'static> Drop for NFSTcpListener<T> {
     fn drop(&mut self) {
@@ -233,6 +238,7 @@ impl<T: NfsFileSystem + 'static> NFSTcpListener<T> {
             transaction_tracker: Self::new_transaction_tracker(),
             stop_notify: Arc::new(tokio::sync::Notify::new()),
             file_handle_converter,
+            connections: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         })
     }
 
@@ -313,11 +319,23 @@ impl<T: NfsFileSystem + 'static> NFSTcp for NFSTcpListener<T> {
                 transaction_tracker: self.transaction_tracker.clone(),
                 file_handle_converter: self.file_handle_converter,
             };
+            // tank: at most MAX_CONNECTIONS at once; more are closed at once.
+            if self.connections.load(std::sync::atomic::Ordering::SeqCst) >= MAX_CONNECTIONS {
+                warn!(
+                    "refusing a connection from {}: {MAX_CONNECTIONS} are open",
+                    context.client_addr
+                );
+                drop(socket);
+                continue;
+            }
             info!("Accepting connection from {}", context.client_addr);
             debug!("Accepting socket {:?} {:?}", socket, context);
+            let open = Arc::clone(&self.connections);
+            open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tokio::spawn(async move {
                 let _ = socket.set_nodelay(true);
                 let _ = process_socket(socket, context).await;
+                open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
     }

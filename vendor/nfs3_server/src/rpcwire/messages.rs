@@ -33,6 +33,10 @@ impl PackedRpcMessage {
     }
 }
 
+/// tank: the largest record accepted: a WRITE of 1 MiB (FSINFO's wtmax) with its
+/// headers, and room to spare.
+pub const MAX_RECORD: usize = (1 << 20) + (64 << 10);
+
 /// Contains collected RPC message fragments without their headers.
 #[derive(Default, Debug)]
 pub struct IncompleteRpcMessage(Vec<u8>);
@@ -44,6 +48,14 @@ impl IncompleteRpcMessage {
         let header: fragment_header = header_buf.into();
         let prev_length = self.0.len();
         let fragment_length = header.fragment_length() as usize;
+        // tank: a record is bounded (a 1 MiB WRITE and its headers fit); a larger one
+        // closes the connection before anything is allocated for it.
+        if prev_length + fragment_length > MAX_RECORD {
+            anyhow::bail!(
+                "a record of over {MAX_RECORD} bytes ({} announced)",
+                prev_length + fragment_length
+            );
+        }
         self.0.resize(prev_length + fragment_length, 0);
         input.read_exact(&mut self.0[prev_length..]).await?;
 
