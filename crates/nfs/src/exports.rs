@@ -12,12 +12,14 @@
 //! with that export's `readonly` and squash rules. Nothing is cached per client: a change of
 //! the shares applies to the next request.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use tank_dataset::posix::{Cred, Fs};
+use tank_dataset::{DatasetKind, DsHooks, Dsl};
+use tank_object::ObjectStore;
 use tank_service::api::{Request, Response};
 use tank_service::handles::{DatasetEvent, Hold, Holder};
 use tank_service::shares::{ShareChange, ShareInfo, ShareWatcher};
@@ -113,6 +115,44 @@ pub struct Export {
     pub pool_guid: u64,
     pub dataset_id: u64,
     hold: Hold,
+    pub dsl: Arc<Dsl>,
+    store: Arc<ObjectStore>,
+    /// The other filesystems reached through the export: child datasets (held, as the
+    /// export's own) and snapshots (opened read-only), by dataset id.
+    others: Arc<Mutex<HashMap<u64, Other>>>,
+}
+
+enum Other {
+    Live(Hold),
+    Snapshot(Arc<Fs>),
+}
+
+/// The most snapshots and child datasets an export keeps open at once.
+const MAX_OTHERS: usize = 256;
+
+/// A child dataset's hold: a forced destroy drops it from its export.
+struct ForgetChild {
+    others: Weak<Mutex<HashMap<u64, Other>>>,
+    id: u64,
+}
+
+impl Holder for ForgetChild {
+    fn notify(&self, event: &DatasetEvent) {
+        if matches!(event, DatasetEvent::Destroying) {
+            if let Some(o) = self.others.upgrade() {
+                o.lock().remove(&self.id);
+            }
+        }
+    }
+}
+
+/// Why a filesystem of an export cannot be served now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// It is gone, or not inside the export.
+    Stale,
+    /// A rollback is replacing it: try again.
+    Busy,
 }
 
 impl Export {
@@ -140,11 +180,95 @@ impl Export {
     pub fn fs(&self) -> Option<Arc<Fs>> {
         self.hold.fs()
     }
+
+    /// The name of a dataset or snapshot of the pool.
+    pub fn name_of(&self, id: u64) -> String {
+        self.dsl.name_of(id)
+    }
+
+    /// Whether `name` (a dataset or a snapshot) is the export's dataset or inside it.
+    fn inside(&self, name: &str) -> bool {
+        let head = name.split('@').next().unwrap_or(name);
+        head == self.dataset
+            || head
+                .strip_prefix(self.dataset.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+    }
+
+    /// The filesystem of dataset or snapshot `id` reached through this export, and whether
+    /// it is a snapshot (read-only): the export's own, a child dataset (crossmnt), or a
+    /// snapshot of either (`.tank/snapshot`).
+    pub fn fs_of(&self, svc: &Service, id: u64) -> Result<(Arc<Fs>, bool), Unavailable> {
+        if id == self.dataset_id {
+            return self.fs().map(|f| (f, false)).ok_or(Unavailable::Busy);
+        }
+        // Still there, under the name it had (a snapshot destroyed and its id reused is
+        // another thing).
+        let rec = self.dsl.record(id).map_err(|_| Unavailable::Stale)?;
+        let name = self.dsl.name_of(id);
+        if !self.inside(&name) {
+            return Err(Unavailable::Stale);
+        }
+        if let Some(o) = self.others.lock().get(&id) {
+            return match o {
+                Other::Live(h) => h.fs().map(|f| (f, false)).ok_or(Unavailable::Busy),
+                Other::Snapshot(f) => Ok((f.clone(), true)),
+            };
+        }
+        let other = match rec.kind {
+            DatasetKind::Snapshot => {
+                let objset = self
+                    .dsl
+                    .snapshot_objset(id)
+                    .map_err(|_| Unavailable::Stale)?;
+                let hooks = Arc::new(DsHooks {
+                    dsl: self.dsl.clone(),
+                    id,
+                    snapshot: true,
+                });
+                let fs = Fs::mount(self.store.clone(), objset, hooks, (0, 0))
+                    .map_err(|_| Unavailable::Stale)?;
+                Other::Snapshot(fs)
+            }
+            DatasetKind::Filesystem => {
+                let hold = svc
+                    .hold(
+                        &name,
+                        &format!("nfs export {} (below it)", self.name),
+                        Arc::new(ForgetChild {
+                            others: Arc::downgrade(&self.others),
+                            id,
+                        }),
+                    )
+                    .map_err(|_| Unavailable::Stale)?;
+                Other::Live(hold)
+            }
+            _ => return Err(Unavailable::Stale),
+        };
+        let r = match &other {
+            Other::Live(h) => h.fs().map(|f| (f, false)).ok_or(Unavailable::Busy),
+            Other::Snapshot(f) => Ok((f.clone(), true)),
+        };
+        let mut others = self.others.lock();
+        if others.len() >= MAX_OTHERS {
+            // Snapshots first: they are opened again at no cost but a read of their root.
+            let victim = others
+                .iter()
+                .find(|(_, o)| matches!(o, Other::Snapshot(_)))
+                .or_else(|| others.iter().next())
+                .map(|(k, _)| *k);
+            if let Some(k) = victim {
+                others.remove(&k);
+            }
+        }
+        others.insert(id, other);
+        r
+    }
 }
 
 /// The exports of a service's `nfs` shares.
 pub struct Exports {
-    svc: Arc<Service>,
+    pub(crate) svc: Arc<Service>,
     table: RwLock<Vec<Arc<Export>>>,
     /// Why shares could not be exported, by share name (for the log, once each).
     problems: RwLock<BTreeMap<String, String>>,
@@ -260,6 +384,9 @@ impl Exports {
             .open(hold.handle().pool())
             .map_err(|e| e.to_string())?;
         Ok(Export {
+            dsl: opened.dsl.clone(),
+            store: opened.store.clone(),
+            others: Arc::new(Mutex::new(HashMap::new())),
             name: s.name.clone(),
             dataset: s.dataset.clone(),
             readonly: o("readonly") == Some("on"),
@@ -281,16 +408,6 @@ impl Exports {
     /// The export named `name` (the first component of a mount path).
     pub fn by_name(&self, name: &str) -> Option<Arc<Export>> {
         self.table.read().iter().find(|x| x.name == name).cloned()
-    }
-
-    /// The exports of one dataset (by the ids its file handles carry).
-    pub fn of_dataset(&self, pool_guid: u64, dataset_id: u64) -> Vec<Arc<Export>> {
-        self.table
-            .read()
-            .iter()
-            .filter(|x| x.pool_guid == pool_guid && x.dataset_id == dataset_id)
-            .cloned()
-            .collect()
     }
 
     /// Lets go of every dataset, for good (the server's stop).

@@ -19,6 +19,14 @@
 //! verifier in the new file's atime and mtime seconds (as knfsd and ZFS keep it) until the
 //! client sets the real times, so a retransmitted CREATE finds its own file.
 //!
+//! Child datasets are reached through their parent's export (crossmnt): a lookup at a
+//! filesystem's root of a name that is a child filesystem dataset (inherited mountpoints
+//! put it there) answers the child's root, with its own fsid, so clients see a mount
+//! boundary. Snapshots are read-only filesystems under `.tank/snapshot/NAME` of each
+//! filesystem (`.tank` is found by name, not listed, as ZFS's hidden `.zfs`). Both are held
+//! or opened by the export on first use (`Export::fs_of`); their handles carry their own
+//! dataset id.
+//!
 //! The engine's calls block on disk I/O: they run under `block_in_place`, on the runtime's
 //! worker, which hands its other tasks to another worker meanwhile.
 
@@ -45,10 +53,19 @@ use tank_dataset::posix::{
 use tank_dataset::Errno;
 use tank_service::stats::ProtocolStats;
 
-use crate::exports::{Export, Exports};
+use crate::exports::{Export, Exports, Unavailable};
 use crate::handle::Fh;
 
 const NFSPROC3_RMDIR: u32 = 13;
+
+/// `.tank` at the root of a live filesystem, and `.tank/snapshot` in it: directories of
+/// no filesystem, with inode numbers no file has.
+const DOT_TANK: Ino = u64::MAX - 1;
+const SNAPDIR: Ino = u64::MAX - 2;
+
+fn is_virtual(ino: Ino) -> bool {
+    ino == DOT_TANK || ino == SNAPDIR
+}
 
 /// The file system the NFS server serves: every export, under a pseudo-root.
 pub struct TankNfs {
@@ -61,11 +78,31 @@ struct Call {
     export: Arc<Export>,
     fs: Arc<Fs>,
     cred: Cred,
+    /// The dataset or snapshot whose filesystem `fs` is.
+    dataset: u64,
+    snapshot: bool,
 }
 
 impl Call {
     /// The attributes of the handle's inode, or stale if it is gone or reused.
     fn attr(&self, fh: &Fh) -> Result<Attr, nfsstat3> {
+        if is_virtual(fh.ino()) {
+            // `.tank` and `.tank/snapshot`: read-only directories dated as the root.
+            let root = self.fs.getattr(ROOT_INO).map_err(status)?;
+            return Ok(Attr {
+                ino: fh.ino(),
+                kind: FileKind::Dir,
+                perm: 0o555,
+                nlink: 2,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                size: 0,
+                blocks: 0,
+                generation: 0,
+                ..root
+            });
+        }
         let a = self.fs.getattr(fh.ino()).map_err(|e| match e {
             Errno::ENOENT => nfsstat3::NFS3ERR_STALE,
             e => status(e),
@@ -77,17 +114,22 @@ impl Call {
     }
 
     fn fh(&self, a: &Attr) -> Fh {
+        self.fh_in(self.dataset, a.ino, a.generation)
+    }
+
+    /// A handle of inode `ino` in dataset (or snapshot) `dataset` of this export.
+    fn fh_in(&self, dataset: u64, ino: Ino, generation: u64) -> Fh {
         Fh::new(
             self.export.pool_guid,
-            self.export.dataset_id,
+            dataset,
             Fh::export_id(&self.export.name),
-            a.ino,
-            a.generation,
+            ino,
+            generation,
         )
     }
 
     fn fattr(&self, a: &Attr) -> fattr3 {
-        fattr(fsid(&self.export), a)
+        fattr(fsid(self.export.pool_guid, self.dataset), a)
     }
 
     /// Makes a change durable before its reply, as NFSv3 asks of every operation but an
@@ -97,8 +139,10 @@ impl Call {
         Ok(r)
     }
 
-    fn writable(&self) -> Result<(), nfsstat3> {
-        if self.export.readonly {
+    /// Changes at `fh` are refused on a read-only export, in a snapshot, and in the
+    /// virtual directories.
+    fn writable_at(&self, fh: &Fh) -> Result<(), nfsstat3> {
+        if self.export.readonly || self.snapshot || is_virtual(fh.ino()) {
             Err(nfsstat3::NFS3ERR_ROFS)
         } else {
             Ok(())
@@ -131,9 +175,10 @@ fn status(e: Errno) -> nfsstat3 {
     }
 }
 
-/// A filesystem id per exported dataset, so that clients tell datasets apart.
-fn fsid(e: &Export) -> u64 {
-    e.pool_guid.rotate_left(17) ^ e.dataset_id
+/// A filesystem id per dataset and snapshot, so that clients tell them apart (and cross
+/// into a child dataset or a snapshot as into a mount of its own).
+fn fsid(pool_guid: u64, dataset: u64) -> u64 {
+    pool_guid.rotate_left(17) ^ dataset
 }
 
 fn time(t: Timespec) -> nfstime3 {
@@ -260,24 +305,36 @@ impl TankNfs {
     fn call(&self, fh: &Fh) -> Result<Call, nfsstat3> {
         let export = self
             .exports
-            .of_dataset(fh.pool_guid(), fh.dataset_id())
+            .all()
             .into_iter()
-            .find(|e| Fh::export_id(&e.name) == fh.export())
+            .find(|e| e.pool_guid == fh.pool_guid() && Fh::export_id(&e.name) == fh.export())
             .ok_or(nfsstat3::NFS3ERR_STALE)?;
         let ip = Self::client().ok_or(nfsstat3::NFS3ERR_ACCES)?;
         if !export.allows(ip) {
             return Err(nfsstat3::NFS3ERR_ACCES);
         }
-        self.call_on(export)
+        self.call_on(export, fh.dataset_id())
     }
 
-    fn call_on(&self, export: Arc<Export>) -> Result<Call, nfsstat3> {
-        // While a rollback replaces the filesystem: try again shortly.
-        let fs = export.fs().ok_or(nfsstat3::NFS3ERR_JUKEBOX)?;
+    /// The call on dataset (or snapshot) `dataset` of `export`.
+    fn call_on(&self, export: Arc<Export>, dataset: u64) -> Result<Call, nfsstat3> {
+        let (fs, snapshot) = export
+            .fs_of(&self.exports.svc, dataset)
+            .map_err(|u| match u {
+                Unavailable::Stale => nfsstat3::NFS3ERR_STALE,
+                // While a rollback replaces the filesystem: try again shortly.
+                Unavailable::Busy => nfsstat3::NFS3ERR_JUKEBOX,
+            })?;
         let ctx = request_context();
         let auth = ctx.as_ref().and_then(|c| c.auth.as_ref());
         let cred = export.cred(auth.map(|a| (a.uid, a.gid, a.gids.as_slice())));
-        Ok(Call { export, fs, cred })
+        Ok(Call {
+            export,
+            fs,
+            cred,
+            dataset,
+            snapshot,
+        })
     }
 
     /// The export named `name` if this client may use it.
@@ -292,7 +349,13 @@ impl TankNfs {
     }
 
     fn export_root(&self, export: Arc<Export>) -> Result<(Fh, fattr3), nfsstat3> {
-        let call = self.call_on(export)?;
+        let id = export.dataset_id;
+        self.root_of(export, id)
+    }
+
+    /// The root of dataset or snapshot `dataset` reached through `export`.
+    fn root_of(&self, export: Arc<Export>, dataset: u64) -> Result<(Fh, fattr3), nfsstat3> {
+        let call = self.call_on(export, dataset)?;
         let a = call.fs.getattr(ROOT_INO).map_err(status)?;
         Ok((call.fh(&a), call.fattr(&a)))
     }
@@ -307,6 +370,77 @@ impl TankNfs {
         }
         let call = self.call(dir)?;
         call.attr(dir)?;
+        let n = name.0.as_ref();
+        let virt = |ino| call.fh_in(call.dataset, ino, 0);
+        match dir.ino() {
+            DOT_TANK => {
+                return match n {
+                    b"." => Ok(*dir),
+                    b".." => self.root_of(call.export.clone(), call.dataset).map(|r| r.0),
+                    b"snapshot" => Ok(virt(SNAPDIR)),
+                    _ => Err(nfsstat3::NFS3ERR_NOENT),
+                };
+            }
+            SNAPDIR => {
+                return match n {
+                    b"." => Ok(*dir),
+                    b".." => Ok(virt(DOT_TANK)),
+                    _ => {
+                        let snap = std::str::from_utf8(n).map_err(|_| nfsstat3::NFS3ERR_NOENT)?;
+                        let full = format!("{}@{snap}", call.export.name_of(call.dataset));
+                        let id = call
+                            .export
+                            .dsl
+                            .resolve(&full)
+                            .map_err(|_| nfsstat3::NFS3ERR_NOENT)?;
+                        self.root_of(call.export.clone(), id).map(|r| r.0)
+                    }
+                };
+            }
+            _ => {}
+        }
+        if dir.ino() == ROOT_INO {
+            let own = call.export.name_of(call.dataset);
+            if call.snapshot && n == b".." {
+                // From a snapshot's root up to the `.tank/snapshot` it was reached from.
+                let head = own.split('@').next().unwrap_or(&own).to_string();
+                let id = call
+                    .export
+                    .dsl
+                    .resolve(&head)
+                    .map_err(|_| nfsstat3::NFS3ERR_STALE)?;
+                return Ok(call.fh_in(id, SNAPDIR, 0));
+            }
+            if !call.snapshot && n == b".tank" {
+                return Ok(virt(DOT_TANK));
+            }
+            if !call.snapshot && n == b".." && call.dataset != call.export.dataset_id {
+                // From a child dataset's root up to its parent's root.
+                let parent = own.rsplit_once('/').map_or(own.as_str(), |p| p.0);
+                let id = call
+                    .export
+                    .dsl
+                    .resolve(parent)
+                    .map_err(|_| nfsstat3::NFS3ERR_STALE)?;
+                return self.root_of(call.export.clone(), id).map(|r| r.0);
+            }
+        }
+        if dir.ino() == ROOT_INO && !call.snapshot && n != b"." && n != b".." {
+            // A child dataset (its mountpoint inherited, so it sits here): cross into it,
+            // with the search permission a lookup here needs, whether or not its
+            // mountpoint directory exists in this one.
+            if let Some(id) = std::str::from_utf8(n).ok().and_then(|child| {
+                let full = format!("{}/{child}", call.export.name_of(call.dataset));
+                let id = call.export.dsl.resolve(&full).ok()?;
+                let rec = call.export.dsl.record(id).ok()?;
+                (rec.kind == tank_dataset::DatasetKind::Filesystem).then_some(id)
+            }) {
+                call.fs
+                    .access(&call.cred, ROOT_INO, libc::X_OK)
+                    .map_err(status)?;
+                return self.root_of(call.export.clone(), id).map(|r| r.0);
+            }
+        }
         let a = call
             .fs
             .lookup(&call.cred, dir.ino(), name_of(name))
@@ -329,6 +463,9 @@ impl TankNfs {
         }
         let call = self.call(fh)?;
         let a = call.attr(fh)?;
+        if a.kind == FileKind::Dir {
+            return Err(nfsstat3::NFS3ERR_ISDIR);
+        }
         call.fs
             .access(&call.cred, fh.ino(), libc::R_OK)
             .map_err(status)?;
@@ -343,6 +480,9 @@ impl TankNfs {
         }
         let call = self.call(fh)?;
         let a = call.attr(fh)?;
+        if is_virtual(fh.ino()) {
+            return Ok(mask & (ACCESS3_READ | ACCESS3_LOOKUP));
+        }
         let may = |m: i32| call.fs.access(&call.cred, fh.ino(), m).is_ok();
         let mut granted = 0;
         if mask & ACCESS3_READ != 0 && may(libc::R_OK) {
@@ -365,7 +505,7 @@ impl TankNfs {
                 granted |= ACCESS3_EXECUTE;
             }
         }
-        if call.export.readonly {
+        if call.export.readonly || call.snapshot {
             granted &= !(ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_DELETE);
         }
         Ok(granted)
@@ -413,6 +553,37 @@ impl TankNfs {
         }
         let call = self.call(dir)?;
         call.attr(dir)?;
+        if is_virtual(dir.ino()) {
+            let mut items = VecDeque::new();
+            let entries: Vec<(Vec<u8>, Fh, fattr3)> = if dir.ino() == DOT_TANK {
+                let fh = call.fh_in(call.dataset, SNAPDIR, 0);
+                let a = call.attr(&fh)?;
+                vec![(b"snapshot".to_vec(), fh, call.fattr(&a))]
+            } else {
+                let dsl = call.export.dsl.clone();
+                dsl.snapshots(call.dataset)
+                    .into_iter()
+                    .filter_map(|id| {
+                        let name = dsl.record(id).ok()?.name;
+                        let (fh, attr) = self.root_of(call.export.clone(), id).ok()?;
+                        Some((name.into_bytes(), fh, attr))
+                    })
+                    .collect()
+            };
+            for (i, (name, fh, attr)) in entries.into_iter().enumerate() {
+                let c = i as u64 + 1;
+                if c > cookie {
+                    items.push_back(DirEntryPlus {
+                        fileid: attr.fileid,
+                        name: name.into(),
+                        cookie: c,
+                        name_attributes: Some(attr),
+                        name_handle: Some(fh),
+                    });
+                }
+            }
+            return Ok(Entries { items, more: None });
+        }
         let mut e = Entries {
             items: VecDeque::new(),
             more: Some((call, dir.ino(), cookie)),
@@ -426,7 +597,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_ROFS);
         }
         let call = self.call(fh)?;
-        call.writable()?;
+        call.writable_at(fh)?;
         call.attr(fh)?;
         let a = call
             .fs
@@ -446,7 +617,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_ISDIR);
         }
         let call = self.call(fh)?;
-        call.writable()?;
+        call.writable_at(fh)?;
         let a = call.attr(fh)?;
         if a.kind != FileKind::File {
             return Err(if a.kind == FileKind::Dir {
@@ -491,7 +662,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_ROFS);
         }
         let call = self.call(dir)?;
-        call.writable()?;
+        call.writable_at(dir)?;
         call.attr(dir)?;
         let mode = match s.mode {
             Nfs3Option::Some(m) => m & 0o7777,
@@ -522,7 +693,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_ROFS);
         }
         let call = self.call(dir)?;
-        call.writable()?;
+        call.writable_at(dir)?;
         call.attr(dir)?;
         let half = |i: usize| {
             let mut b = [0u8; 4];
@@ -574,7 +745,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_ROFS);
         }
         let call = self.call(dir)?;
-        call.writable()?;
+        call.writable_at(dir)?;
         call.attr(dir)?;
         let mode = match s.mode {
             Nfs3Option::Some(m) => m & 0o7777,
@@ -593,7 +764,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_ROFS);
         }
         let call = self.call(dir)?;
-        call.writable()?;
+        call.writable_at(dir)?;
         call.attr(dir)?;
         let rmdir = request_context().is_some_and(|c| c.proc_ == NFSPROC3_RMDIR);
         if rmdir {
@@ -619,7 +790,8 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_XDEV);
         }
         let call = self.call(from)?;
-        call.writable()?;
+        call.writable_at(from)?;
+        call.writable_at(to)?;
         call.attr(from)?;
         call.attr(to)?;
         call.fs
@@ -646,7 +818,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_ROFS);
         }
         let call = self.call(dir)?;
-        call.writable()?;
+        call.writable_at(dir)?;
         call.attr(dir)?;
         let a = call
             .fs
@@ -677,7 +849,7 @@ impl TankNfs {
             return Err(nfsstat3::NFS3ERR_XDEV);
         }
         let call = self.call(dir)?;
-        call.writable()?;
+        call.writable_at(dir)?;
         call.attr(file)?;
         call.attr(dir)?;
         call.fs
@@ -725,10 +897,17 @@ impl Entries {
             .readdir(&call.cred, dir, cookie, BATCH)
             .map_err(status)?;
         let done = list.len() < BATCH;
+        // Attributes and handles only for a caller who may search the directory (names
+        // alone for one who may only read it), as a lookup would need.
+        let search = call.fs.access(&call.cred, dir, libc::X_OK).is_ok();
         let mut last = cookie;
         for e in list {
             last = e.cookie;
-            let attr = call.fs.getattr(e.ino).ok();
+            let attr = if search {
+                call.fs.getattr(e.ino).ok()
+            } else {
+                None
+            };
             self.items.push_back(DirEntryPlus {
                 fileid: e.ino,
                 name: e.name.into(),

@@ -657,3 +657,516 @@ fn nfs_answers_bad_input_with_errors_and_keeps_serving() {
     let (back, eof) = c7.read(&f, 0, 200_000).unwrap();
     assert!(eof && back == kept, "the file changed");
 }
+
+/// One operation of the permission matrix, on paths relative to a tree's root.
+#[derive(Debug, Clone)]
+enum Op {
+    Read(String),
+    List(String),
+    Stat(String),
+    Append(String),
+    Truncate(String),
+    Create(String),
+    Mkdir(String),
+    Symlink(String),
+    Rename(String, String),
+    Remove(String),
+    Rmdir(String),
+    Chmod(String),
+    Chown(String),
+    Chgrp(String),
+    SetMtime(String),
+    TouchNow(String),
+}
+
+/// The operation through the local mount, as `uid` with `groups` (the first is the
+/// primary group): a shell command under setpriv. Whether it succeeded.
+fn local_op(tree: &Path, op: &Op, uid: u32, groups: &[u32]) -> bool {
+    let p = |s: &str| tree.join(s).to_string_lossy().into_owned();
+    let (script, args): (&str, Vec<String>) = match op {
+        Op::Read(a) => ("cat -- \"$1\" > /dev/null", vec![p(a)]),
+        Op::List(a) => ("ls -- \"$1\" > /dev/null", vec![p(a)]),
+        Op::Stat(a) => ("stat -- \"$1\" > /dev/null", vec![p(a)]),
+        Op::Append(a) => ("[ -e \"$1\" ] && printf x >> \"$1\"", vec![p(a)]),
+        Op::Truncate(a) => ("truncate -c -s 0 -- \"$1\"", vec![p(a)]),
+        Op::Create(a) => ("set -C; : > \"$1\"", vec![p(a)]),
+        Op::Mkdir(a) => ("mkdir -m 755 -- \"$1\"", vec![p(a)]),
+        Op::Symlink(a) => ("ln -s target -- \"$1\"", vec![p(a)]),
+        Op::Rename(a, b) => ("mv -T -- \"$1\" \"$2\"", vec![p(a), p(b)]),
+        Op::Remove(a) => ("rm -- \"$1\"", vec![p(a)]),
+        Op::Rmdir(a) => ("rmdir -- \"$1\"", vec![p(a)]),
+        Op::Chmod(a) => ("chmod 640 -- \"$1\"", vec![p(a)]),
+        Op::Chown(a) => ("chown 1002 -- \"$1\"", vec![p(a)]),
+        Op::Chgrp(a) => ("chgrp 1000 -- \"$1\"", vec![p(a)]),
+        Op::SetMtime(a) => ("touch -c -m -d @1000000 -- \"$1\"", vec![p(a)]),
+        Op::TouchNow(a) => ("[ -e \"$1\" ] && touch -c -m -- \"$1\"", vec![p(a)]),
+    };
+    let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &groups[0],
+            "--groups",
+            &groups.join(","),
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .args(&args)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    out.status.success()
+}
+
+/// The same operation through NFS, as a client sends it.
+fn nfs_op(c: &mut Rpc, root: &nfs::nfs_fh3, op: &Op) -> bool {
+    let split = |s: &str| -> (String, String) {
+        match s.rsplit_once('/') {
+            Some((d, n)) => (d.to_string(), n.to_string()),
+            None => (String::new(), s.to_string()),
+        }
+    };
+    let set = |f: &dyn Fn(&mut sattr3)| {
+        let mut s = sattr3::default();
+        f(&mut s);
+        s
+    };
+    let r: Result<(), nfsstat3> = (|| match op {
+        Op::Read(a) => {
+            let fh = c.walk(root, a)?;
+            c.read(&fh, 0, 1 << 20).map(|_| ())
+        }
+        Op::List(a) => {
+            let fh = c.walk(root, a)?;
+            c.readdir(&fh).map(|_| ())
+        }
+        Op::Stat(a) => {
+            let fh = c.walk(root, a)?;
+            c.getattr(&fh).map(|_| ())
+        }
+        Op::Append(a) => {
+            let fh = c.walk(root, a)?;
+            let size = c.getattr(&fh)?.size;
+            c.write(&fh, size, b"x", stable_how::FILE_SYNC).map(|_| ())
+        }
+        Op::Truncate(a) => {
+            let fh = c.walk(root, a)?;
+            c.setattr(&fh, set(&|s| s.size = nfs::Nfs3Option::Some(0)))
+        }
+        Op::Create(a) => {
+            let (d, n) = split(a);
+            let dir = c.walk(root, &d)?;
+            let attrs = set(&|s| s.mode = nfs::Nfs3Option::Some(0o644));
+            c.create(&dir, &n, createhow3::GUARDED(attrs)).map(|_| ())
+        }
+        Op::Mkdir(a) => {
+            let (d, n) = split(a);
+            let dir = c.walk(root, &d)?;
+            c.mkdir(&dir, &n, 0o755).map(|_| ())
+        }
+        Op::Symlink(a) => {
+            let (d, n) = split(a);
+            let dir = c.walk(root, &d)?;
+            c.symlink(&dir, &n, "target")
+        }
+        Op::Rename(a, b) => {
+            let ((fd, fname), (td, tname)) = (split(a), split(b));
+            let from = c.walk(root, &fd)?;
+            let to = c.walk(root, &td)?;
+            c.rename(&from, &fname, &to, &tname)
+        }
+        Op::Remove(a) => {
+            let (d, n) = split(a);
+            let dir = c.walk(root, &d)?;
+            c.remove(&dir, &n)
+        }
+        Op::Rmdir(a) => {
+            let (d, n) = split(a);
+            let dir = c.walk(root, &d)?;
+            c.rmdir(&dir, &n)
+        }
+        Op::Chmod(a) => {
+            let fh = c.walk(root, a)?;
+            c.setattr(&fh, set(&|s| s.mode = nfs::Nfs3Option::Some(0o640)))
+        }
+        Op::Chown(a) => {
+            let fh = c.walk(root, a)?;
+            c.setattr(&fh, set(&|s| s.uid = nfs::Nfs3Option::Some(1002)))
+        }
+        Op::Chgrp(a) => {
+            let fh = c.walk(root, a)?;
+            c.setattr(&fh, set(&|s| s.gid = nfs::Nfs3Option::Some(1000)))
+        }
+        Op::SetMtime(a) => {
+            let fh = c.walk(root, a)?;
+            c.setattr(
+                &fh,
+                set(&|s| {
+                    s.mtime = nfs::set_mtime::SET_TO_CLIENT_TIME(nfs::nfstime3 {
+                        seconds: 1_000_000,
+                        nseconds: 0,
+                    })
+                }),
+            )
+        }
+        Op::TouchNow(a) => {
+            let fh = c.walk(root, a)?;
+            c.setattr(&fh, set(&|s| s.mtime = nfs::set_mtime::SET_TO_SERVER_TIME))
+        }
+    })();
+    r.is_ok()
+}
+
+/// Every operation, as three users, through NFS and through the local mount (where the
+/// kernel checks each access, `default_permissions`), on two identical trees: the outcome
+/// is the same every time. The trees hold the cases that matter: private files, a group
+/// directory, a sticky directory with others' files, a directory one may read but not
+/// search, one one may search but not read.
+#[test]
+fn nfs_permissions_are_the_local_ones_for_every_operation() {
+    const NAME: &str = "nfs_permissions_are_the_local_ones_for_every_operation";
+    if let Some(why) = common::fuse_missing() {
+        common::skip(NAME, &format!("the local side needs the FUSE mount: {why}"));
+        return;
+    }
+    if !Path::new("/usr/bin/setpriv").exists() && !Path::new("/bin/setpriv").exists() {
+        common::skip(NAME, "setpriv (util-linux) is not installed");
+        return;
+    }
+    let uid0 = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1)?.parse::<u32>().ok());
+    if uid0 != Some(0) {
+        common::skip(NAME, "needs root to act as other users");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = tmp.path().join("data");
+    let d = serve(&data);
+    open_share(&data, "perm");
+    let mnt = data.join("mnt/tank/perm");
+    assert!(mnt.is_dir(), "the dataset is not mounted");
+    // Every directory from / down must be searchable by the users.
+    for dir in mnt.ancestors() {
+        if dir.starts_with(tmp.path()) {
+            let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o755)).unwrap();
+        }
+    }
+    let build = |t: &Path| {
+        let mk = |p: &str, uid: u32, gid: u32, mode: u32, dir: bool| {
+            let path = t.join(p);
+            if dir {
+                std::fs::create_dir(&path).unwrap();
+            } else {
+                std::fs::write(&path, b"content").unwrap();
+            }
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        std::fs::create_dir(t).unwrap();
+        mk("open", 0, 0, 0o755, true);
+        for (f, m) in [
+            ("f644", 0o644),
+            ("f600", 0o600),
+            ("f640", 0o640),
+            ("f666", 0o666),
+            ("ro444", 0o444),
+        ] {
+            mk(&format!("open/{f}"), 1000, 1000, m, false);
+        }
+        mk("own", 1000, 1000, 0o755, true);
+        mk("own/x", 1000, 1000, 0o644, false);
+        std::fs::set_permissions(t.join("own"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        mk("grp", 1000, 1000, 0o770, true);
+        mk("grp/y", 1000, 1000, 0o664, false);
+        mk("gdir", 1000, 1000, 0o775, true);
+        mk("sticky", 0, 0, 0o1777, true);
+        for (f, u) in [("a", 1000), ("b", 1001), ("c", 1002)] {
+            mk(&format!("sticky/{f}"), u, u, 0o644, false);
+        }
+        mk("nosearch", 1000, 1000, 0o755, true);
+        mk("nosearch/w", 1000, 1000, 0o644, false);
+        std::fs::set_permissions(t.join("nosearch"), std::fs::Permissions::from_mode(0o744))
+            .unwrap();
+        mk("noread", 1000, 1000, 0o755, true);
+        mk("noread/z", 1000, 1000, 0o644, false);
+        std::fs::set_permissions(t.join("noread"), std::fs::Permissions::from_mode(0o311)).unwrap();
+    };
+    build(&mnt.join("L"));
+    build(&mnt.join("N"));
+
+    let mut c = Rpc::connect(&d.nfs);
+    let export = c.mount("/perm").unwrap();
+    let n_root = c.lookup(&export, "N").unwrap();
+    // Others first, then the group member, then the owner: a denied attempt comes before
+    // the one that may do it.
+    let users: [(u32, Vec<u32>); 3] = [
+        (1002, vec![1002]),
+        (1001, vec![1001, 1000]),
+        (1000, vec![1000]),
+    ];
+    let (mut allowed, mut denied) = (0, 0);
+    for (uid, groups) in &users {
+        let u = uid.to_string();
+        let s = |x: &str| x.to_string();
+        let ops = vec![
+            Op::Read(s("open/f644")),
+            Op::Read(s("open/f600")),
+            Op::Read(s("open/f640")),
+            Op::Read(s("own/x")),
+            Op::Read(s("grp/y")),
+            Op::Read(s("nosearch/w")),
+            Op::Read(s("noread/z")),
+            Op::List(s("open")),
+            Op::List(s("own")),
+            Op::List(s("noread")),
+            Op::Stat(s("own/x")),
+            Op::Stat(s("nosearch/w")),
+            Op::Stat(s("noread/z")),
+            Op::Append(s("open/f644")),
+            Op::Append(s("open/f666")),
+            Op::Append(s("open/ro444")),
+            Op::Append(s("grp/y")),
+            Op::Truncate(s("open/f640")),
+            Op::Create(format!("open/new.{u}")),
+            Op::Create(format!("grp/new.{u}")),
+            Op::Create(format!("own/new.{u}")),
+            Op::Create(format!("sticky/new.{u}")),
+            Op::Create(format!("gdir/new.{u}")),
+            Op::Create(format!("noread/new.{u}")),
+            Op::Create(format!("nosearch/new.{u}")),
+            Op::Mkdir(format!("grp/d.{u}")),
+            Op::Mkdir(format!("open/d.{u}")),
+            Op::Symlink(format!("grp/s.{u}")),
+            Op::Symlink(format!("gdir/s.{u}")),
+            Op::Rename(format!("grp/new.{u}"), format!("grp/ren.{u}")),
+            Op::Rename(s("sticky/b"), format!("sticky/b.{u}")),
+            Op::Rename(format!("sticky/new.{u}"), format!("sticky/mine.{u}")),
+            Op::Remove(s("sticky/c")),
+            Op::Remove(s("sticky/a")),
+            Op::Remove(format!("gdir/s.{u}")),
+            Op::Remove(s("grp/y")),
+            Op::Rmdir(format!("grp/d.{u}")),
+            Op::Chmod(s("open/f644")),
+            Op::Chown(s("open/f666")),
+            Op::Chgrp(s("own/x")),
+            Op::Chgrp(s("open/f600")),
+            Op::SetMtime(s("open/f666")),
+            Op::TouchNow(s("open/f666")),
+            Op::TouchNow(s("open/f600")),
+        ];
+        c.auth = Some((*uid, groups[0]));
+        c.groups = groups.clone();
+        for op in ops {
+            let local = local_op(&mnt.join("L"), &op, *uid, groups);
+            let remote = nfs_op(&mut c, &n_root, &op);
+            assert_eq!(
+                remote,
+                local,
+                "{op:?} as uid {uid} (groups {groups:?}): NFS {} but the local mount {}",
+                if remote { "allowed it" } else { "refused it" },
+                if local { "allows it" } else { "refuses it" }
+            );
+            if local {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+        }
+    }
+    // The matrix has both outcomes in number.
+    assert!(
+        allowed > 30 && denied > 30,
+        "allowed {allowed}, denied {denied}"
+    );
+}
+
+/// Why the kernel's NFS client cannot be used here, if it cannot.
+fn kernel_client_missing() -> Option<String> {
+    let uid0 = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1)?.parse::<u32>().ok());
+    if uid0 != Some(0) {
+        return Some("mounting needs root".into());
+    }
+    let has_nfs = || {
+        std::fs::read_to_string("/proc/filesystems")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some("nfs"))
+    };
+    if !has_nfs() {
+        // A module that is there but not loaded yet.
+        let _ = Command::new("modprobe")
+            .arg("nfs")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    if !has_nfs() {
+        return Some("the kernel has no NFS client ('nfs' is not in /proc/filesystems)".into());
+    }
+    let helper = ["/sbin/mount.nfs", "/usr/sbin/mount.nfs"];
+    if !helper.iter().any(|h| Path::new(h).exists()) {
+        return Some("mount.nfs is not installed (Debian: nfs-common)".into());
+    }
+    None
+}
+
+/// A real `mount -t nfs -o vers=3,nolock` of a share, with a small workload through it:
+/// files written, listed, read back and removed, and seen through NFS as the local mount
+/// sees them.
+#[test]
+fn a_kernel_nfs_mount_serves_a_small_workload() {
+    const NAME: &str = "a_kernel_nfs_mount_serves_a_small_workload";
+    if let Some(why) = kernel_client_missing() {
+        if std::env::var_os("CI").is_some() {
+            println!("{NAME}: not run: {why}");
+        }
+        common::skip(NAME, &why);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = serve(&data);
+    open_share(&data, "k");
+    let port = d.nfs.rsplit(':').next().unwrap().to_string();
+    let dir = tmp.path().join("nfsmnt");
+    std::fs::create_dir(&dir).unwrap();
+    let out = Command::new("mount")
+        .args([
+            "-t",
+            "nfs",
+            "-o",
+            &format!("vers=3,proto=tcp,nolock,port={port},mountport={port},mountproto=tcp"),
+            "127.0.0.1:/k",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result = std::panic::catch_unwind(|| {
+        for i in 0..20 {
+            let body = pattern(100_000 + i * 777, i as u64);
+            std::fs::write(dir.join(format!("f{i}")), &body).unwrap();
+            assert!(std::fs::read(dir.join(format!("f{i}"))).unwrap() == body);
+        }
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        std::fs::rename(dir.join("f0"), dir.join("sub/f0")).unwrap();
+        let names = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(names, 20);
+        std::fs::remove_file(dir.join("sub/f0")).unwrap();
+        std::fs::remove_dir(dir.join("sub")).unwrap();
+    });
+    let _ = Command::new("umount").arg(&dir).status();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// Snapshots are served read-only under `.tank/snapshot` of each filesystem, and a child
+/// dataset is reached through its parent's export (crossmnt), each with its own fsid; a
+/// destroyed snapshot's handles are stale; rename and link do not cross datasets.
+#[test]
+fn nfs_serves_snapshots_read_only_and_child_datasets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = serve(&data);
+    open_share(&data, "s");
+    let mut c = Rpc::connect(&d.nfs);
+    let root = c.mount("/s").unwrap();
+    let f = c
+        .create(&root, "f", createhow3::UNCHECKED(sattr3::default()))
+        .unwrap();
+    c.write(&f, 0, b"before", stable_how::FILE_SYNC).unwrap();
+    tank(&data, &["snapshot", "tank/s@one"]);
+    c.write(&f, 0, b"after!", stable_how::FILE_SYNC).unwrap();
+
+    // `.tank` is found by name (not listed, like ZFS's hidden .zfs).
+    assert!(!c.readdir(&root).unwrap().iter().any(|n| n == ".tank"));
+    let snapdir = c.walk(&root, ".tank/snapshot").unwrap();
+    assert_eq!(c.readdir(&snapdir).unwrap(), ["one"]);
+    let old = c.walk(&root, ".tank/snapshot/one/f").unwrap();
+    assert_eq!(c.read(&old, 0, 100).unwrap().0, b"before");
+    assert_eq!(c.read(&f, 0, 100).unwrap().0, b"after!");
+    // Read-only, every way in.
+    assert_eq!(
+        c.write(&old, 0, b"x", stable_how::FILE_SYNC).unwrap_err(),
+        nfsstat3::NFS3ERR_ROFS
+    );
+    let sroot = c.walk(&root, ".tank/snapshot/one").unwrap();
+    for dir in [&sroot, &snapdir] {
+        assert_eq!(
+            c.create(dir, "new", createhow3::UNCHECKED(sattr3::default()))
+                .unwrap_err(),
+            nfsstat3::NFS3ERR_ROFS
+        );
+    }
+    assert_eq!(c.remove(&sroot, "f").unwrap_err(), nfsstat3::NFS3ERR_ROFS);
+    let live = c.getattr(&root).unwrap();
+    assert_ne!(c.getattr(&sroot).unwrap().fsid, live.fsid);
+    // Up from the snapshot's root: `.tank/snapshot` again.
+    let up = c.lookup(&sroot, "..").unwrap();
+    assert_eq!(up.data.to_vec(), snapdir.data.to_vec());
+
+    // A child dataset, reached through the parent's export.
+    tank(&data, &["dataset", "create", "tank/s/child"]);
+    let child = c.lookup(&root, "child").unwrap();
+    assert_ne!(c.getattr(&child).unwrap().fsid, live.fsid);
+    let cf = c
+        .create(&child, "in-child", createhow3::UNCHECKED(sattr3::default()))
+        .unwrap();
+    c.write(&cf, 0, b"child data", stable_how::FILE_SYNC)
+        .unwrap();
+    let back_up = c.lookup(&child, "..").unwrap();
+    assert_eq!(back_up.data.to_vec(), root.data.to_vec());
+    // The file is the child dataset's: its own share shows it.
+    tank(
+        &data,
+        &[
+            "share",
+            "add",
+            "nfs",
+            "kid",
+            "tank/s/child",
+            "-o",
+            "clients=127.0.0.1",
+            "-o",
+            "squash=none",
+        ],
+    );
+    let kid = c.mount("/kid").unwrap();
+    let via_kid = c.lookup(&kid, "in-child").unwrap();
+    assert_eq!(c.read(&via_kid, 0, 100).unwrap().0, b"child data");
+    // No rename or link across datasets.
+    assert_eq!(
+        c.rename(&root, "f", &child, "f").unwrap_err(),
+        nfsstat3::NFS3ERR_XDEV
+    );
+    assert_eq!(c.link(&f, &child, "f").unwrap_err(), nfsstat3::NFS3ERR_XDEV);
+
+    // A destroyed snapshot: its handles are stale, its name gone.
+    tank(&data, &["dataset", "destroy", "tank/s@one"]);
+    assert_eq!(c.read(&old, 0, 10).unwrap_err(), nfsstat3::NFS3ERR_STALE);
+    assert!(c.readdir(&snapdir).unwrap().is_empty());
+    assert_eq!(
+        c.lookup(&snapdir, "one").unwrap_err(),
+        nfsstat3::NFS3ERR_NOENT
+    );
+}

@@ -32,6 +32,8 @@ pub struct Rpc {
     xid: u32,
     /// AUTH_SYS uid and gid of the calls (None: AUTH_NULL).
     pub auth: Option<(u32, u32)>,
+    /// Supplementary groups of the calls (empty: the gid alone).
+    pub groups: Vec<u32>,
 }
 
 impl Rpc {
@@ -48,6 +50,7 @@ impl Rpc {
             stream,
             xid: 1,
             auth: Some((0, 0)),
+            groups: Vec::new(),
         }
     }
 
@@ -91,7 +94,11 @@ impl Rpc {
                 machinename: Opaque::borrowed(b"test"),
                 uid,
                 gid,
-                gids: vec![gid],
+                gids: if self.groups.is_empty() {
+                    vec![gid]
+                } else {
+                    self.groups.clone()
+                },
             }),
             None => opaque_auth::default(),
         };
@@ -257,6 +264,134 @@ impl Rpc {
         let r: nfs::FSSTAT3res =
             self.call(nfs::PROGRAM, 18, &nfs::FSSTAT3args { fsroot: fh.clone() });
         ok(r)
+    }
+}
+
+impl Rpc {
+    pub fn setattr(&mut self, fh: &nfs_fh3, attrs: nfs::sattr3) -> Result<(), nfsstat3> {
+        let r: nfs::SETATTR3res = self.call(
+            nfs::PROGRAM,
+            2,
+            &nfs::SETATTR3args {
+                object: fh.clone(),
+                new_attributes: attrs,
+                guard: nfs::Nfs3Option::None,
+            },
+        );
+        ok(r).map(|_| ())
+    }
+
+    pub fn mkdir(&mut self, dir: &nfs_fh3, name: &str, mode: u32) -> Result<nfs_fh3, nfsstat3> {
+        let r: nfs::MKDIR3res = self.call(
+            nfs::PROGRAM,
+            9,
+            &nfs::MKDIR3args {
+                where_: dirop(dir, name),
+                attributes: nfs::sattr3 {
+                    mode: nfs::Nfs3Option::Some(mode),
+                    ..Default::default()
+                },
+            },
+        );
+        ok(r).map(|o| match o.obj {
+            nfs::post_op_fh3::Some(fh) => fh,
+            nfs::post_op_fh3::None => panic!("MKDIR returned no handle"),
+        })
+    }
+
+    pub fn rmdir(&mut self, dir: &nfs_fh3, name: &str) -> Result<(), nfsstat3> {
+        let r: nfs::RMDIR3res = self.call(
+            nfs::PROGRAM,
+            13,
+            &nfs::RMDIR3args {
+                object: dirop(dir, name),
+            },
+        );
+        ok(r).map(|_| ())
+    }
+
+    pub fn rename(
+        &mut self,
+        from: &nfs_fh3,
+        fname: &str,
+        to: &nfs_fh3,
+        tname: &str,
+    ) -> Result<(), nfsstat3> {
+        let r: nfs::RENAME3res = self.call(
+            nfs::PROGRAM,
+            14,
+            &nfs::RENAME3args {
+                from: dirop(from, fname),
+                to: dirop(to, tname),
+            },
+        );
+        ok(r).map(|_| ())
+    }
+
+    pub fn symlink(&mut self, dir: &nfs_fh3, name: &str, target: &str) -> Result<(), nfsstat3> {
+        let r: nfs::SYMLINK3res = self.call(
+            nfs::PROGRAM,
+            10,
+            &nfs::SYMLINK3args {
+                where_: dirop(dir, name),
+                symlink: nfs::symlinkdata3 {
+                    symlink_attributes: nfs::sattr3::default(),
+                    symlink_data: target.as_bytes().into(),
+                },
+            },
+        );
+        ok(r).map(|_| ())
+    }
+
+    pub fn link(&mut self, file: &nfs_fh3, dir: &nfs_fh3, name: &str) -> Result<(), nfsstat3> {
+        let r: nfs::LINK3res = self.call(
+            nfs::PROGRAM,
+            15,
+            &nfs::LINK3args {
+                file: file.clone(),
+                link: dirop(dir, name),
+            },
+        );
+        ok(r).map(|_| ())
+    }
+
+    /// Every name in a directory (READDIRPLUS, page by page).
+    pub fn readdir(&mut self, dir: &nfs_fh3) -> Result<Vec<String>, nfsstat3> {
+        let mut names = Vec::new();
+        let mut cookie = 0;
+        let mut verf = nfs::cookieverf3::default();
+        for _ in 0..10_000 {
+            let r: nfs::READDIRPLUS3res = self.call(
+                nfs::PROGRAM,
+                17,
+                &nfs::READDIRPLUS3args {
+                    dir: dir.clone(),
+                    cookie,
+                    cookieverf: verf,
+                    dircount: 4096,
+                    maxcount: 16384,
+                },
+            );
+            let ok = ok(r)?;
+            verf = ok.cookieverf;
+            for e in &ok.reply.entries.0 {
+                names.push(String::from_utf8_lossy(&e.name.0).into_owned());
+                cookie = e.cookie;
+            }
+            if ok.reply.eof {
+                return Ok(names);
+            }
+        }
+        panic!("READDIRPLUS did not end");
+    }
+
+    /// The handle of `path` (slash-separated) below `root`, looked up one name at a time.
+    pub fn walk(&mut self, root: &nfs_fh3, path: &str) -> Result<nfs_fh3, nfsstat3> {
+        let mut fh = root.clone();
+        for name in path.split('/').filter(|n| !n.is_empty()) {
+            fh = self.lookup(&fh, name)?;
+        }
+        Ok(fh)
     }
 }
 
