@@ -60,6 +60,8 @@ pub struct MountHandle {
     session: Option<JoinHandle<SessionEnd>>,
     /// Requests come through the kernel's io_uring queues (`ring.rs`).
     io_uring: bool,
+    /// Sends the kernel cache invalidations (changes made by other front ends).
+    notifier: Option<Arc<fuser::Notifier>>,
 }
 
 /// Unmounts a `MountHandle`'s filesystem from another thread (e.g. a signal handler's),
@@ -95,6 +97,27 @@ impl MountHandle {
     /// reads of /dev/fuse.
     pub fn io_uring(&self) -> bool {
         self.io_uring
+    }
+
+    /// What drops the kernel's caches of files changed past the mount (by another front
+    /// end on the same filesystem): the attributes and pages of the inodes given, and the
+    /// directory entries `(parent, name)`. What the kernel does not hold is skipped; once
+    /// the mount is gone the kernel refuses them, which is ignored.
+    #[allow(clippy::type_complexity)]
+    pub fn invalidator(&self) -> Option<Arc<dyn Fn(&[u64], &[(u64, Vec<u8>)]) + Send + Sync>> {
+        use std::os::unix::ffi::OsStrExt;
+        let n = self.notifier.clone()?;
+        Some(Arc::new(
+            move |inodes: &[u64], entries: &[(u64, Vec<u8>)]| {
+                for (parent, name) in entries {
+                    let _ =
+                        n.inval_entry(fuser::INodeNo(*parent), std::ffi::OsStr::from_bytes(name));
+                }
+                for ino in inodes {
+                    let _ = n.inval_inode(fuser::INodeNo(*ino), 0, 0);
+                }
+            },
+        ))
     }
 
     /// Whether the session still runs (false once unmounted, by anyone).
@@ -417,6 +440,7 @@ pub fn mount(
         _ => None,
     };
     let io_uring = uring.is_some();
+    let notifier = session.notifier();
     let thread = std::thread::Builder::new()
         .name("tank-fuse".into())
         .spawn(move || {
@@ -436,6 +460,7 @@ pub fn mount(
     };
     tune_backing_device(&dir);
     Ok(MountHandle {
+        notifier: Some(Arc::new(notifier)),
         dir,
         session: Some(thread),
         io_uring,

@@ -94,4 +94,11 @@ impl MountedFs for Mounted {
             let _ = u.unmount();
         })
     }
+
+    fn invalidator(&self) -> Option<tank_service::mounts::Invalidator> {
+        let inval = self.0.invalidator()?;
+        Some(Arc::new(move |c: &tank_service::handles::Changed| {
+            inval(&c.inodes, &c.entries)
+        }))
+    }
 }

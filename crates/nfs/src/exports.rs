@@ -21,7 +21,7 @@ use tank_dataset::posix::{Cred, Fs};
 use tank_dataset::{DatasetKind, DsHooks, Dsl};
 use tank_object::ObjectStore;
 use tank_service::api::{Request, Response};
-use tank_service::handles::{DatasetEvent, Hold, Holder};
+use tank_service::handles::{Changed, DatasetEvent, Hold, Holder};
 use tank_service::shares::{ShareChange, ShareInfo, ShareWatcher};
 use tank_service::{Caller, Service};
 
@@ -179,6 +179,16 @@ impl Export {
     /// The dataset's filesystem (`None` while a rollback replaces it).
     pub fn fs(&self) -> Option<Arc<Fs>> {
         self.hold.fs()
+    }
+
+    /// Tells the other front ends on dataset `dataset` (this export's or a child's) what a
+    /// request changed, so that the local mount drops what its kernel caches of it.
+    pub fn changed(&self, dataset: u64, change: Changed) {
+        if dataset == self.dataset_id {
+            self.hold.changed(change);
+        } else if let Some(Other::Live(h)) = self.others.lock().get(&dataset) {
+            h.changed(change);
+        }
     }
 
     /// The name of a dataset or snapshot of the pool.

@@ -19,6 +19,10 @@
 //! verifier in the new file's atime and mtime seconds (as knfsd and ZFS keep it) until the
 //! client sets the real times, so a retransmitted CREATE finds its own file.
 //!
+//! Every change is announced to the dataset's other holders (`Hold::changed`): the FUSE
+//! mount drops what its kernel caches of the inodes and entries named, so the local view
+//! never shows what NFS changed as it was before.
+//!
 //! Child datasets are reached through their parent's export (crossmnt): a lookup at a
 //! filesystem's root of a name that is a child filesystem dataset (inherited mountpoints
 //! put it there) answers the child's root, with its own fsid, so clients see a mount
@@ -51,6 +55,7 @@ use tank_dataset::posix::{
     Attr, Cred, FileKind, Fs, Ino, RenameFlags, SetAttr, TimeSet, Timespec, ROOT_INO,
 };
 use tank_dataset::Errno;
+use tank_service::handles::Changed;
 use tank_service::stats::ProtocolStats;
 
 use crate::exports::{Export, Exports, Unavailable};
@@ -130,6 +135,17 @@ impl Call {
 
     fn fattr(&self, a: &Attr) -> fattr3 {
         fattr(fsid(self.export.pool_guid, self.dataset), a)
+    }
+
+    /// Tells the dataset's other front ends what changed: inodes, and directory entries.
+    fn changed(&self, inodes: &[Ino], entries: &[(Ino, &filename3<'_>)]) {
+        self.export.changed(
+            self.dataset,
+            Changed {
+                inodes: inodes.to_vec(),
+                entries: entries.iter().map(|(d, n)| (*d, n.0.to_vec())).collect(),
+            },
+        );
     }
 
     /// Makes a change durable before its reply, as NFSv3 asks of every operation but an
@@ -603,6 +619,7 @@ impl TankNfs {
             .fs
             .setattr(&call.cred, fh.ino(), &set_attr(s))
             .map_err(status)?;
+        call.changed(&[fh.ino()], &[]);
         call.durable(fh.ino(), call.fattr(&a))
     }
 
@@ -632,6 +649,7 @@ impl TankNfs {
         call.fs
             .write(&call.cred, fh.ino(), offset, data, false)
             .map_err(status)?;
+        call.changed(&[fh.ino()], &[]);
         let committed = if stable == stable_how::UNSTABLE {
             stable_how::UNSTABLE
         } else {
@@ -680,6 +698,7 @@ impl TankNfs {
             .map_err(status)?;
         let _ = call.fs.release(a.ino);
         let a = self.finish_new(&call, a, s)?;
+        call.changed(&[dir.ino(), a.ino], &[(dir.ino(), name)]);
         call.durable(dir.ino(), (call.fh(&a), call.fattr(&a)))
     }
 
@@ -717,6 +736,7 @@ impl TankNfs {
                     ..SetAttr::default()
                 };
                 let a = call.fs.setattr(&call.cred, a.ino, &set).map_err(status)?;
+                call.changed(&[dir.ino()], &[(dir.ino(), name)]);
                 call.durable(dir.ino(), call.fh(&a))
             }
             Err(Errno::EEXIST) => {
@@ -756,6 +776,7 @@ impl TankNfs {
             .mkdir(&call.cred, dir.ino(), name_of(name), mode)
             .map_err(status)?;
         let a = self.finish_new(&call, a, s)?;
+        call.changed(&[dir.ino()], &[(dir.ino(), name)]);
         call.durable(dir.ino(), (call.fh(&a), call.fattr(&a)))
     }
 
@@ -767,12 +788,20 @@ impl TankNfs {
         call.writable_at(dir)?;
         call.attr(dir)?;
         let rmdir = request_context().is_some_and(|c| c.proc_ == NFSPROC3_RMDIR);
+        let target = call
+            .fs
+            .lookup(&call.cred, dir.ino(), name_of(name))
+            .map(|a| a.ino)
+            .ok();
         if rmdir {
             call.fs.rmdir(&call.cred, dir.ino(), name_of(name))
         } else {
             call.fs.unlink(&call.cred, dir.ino(), name_of(name))
         }
         .map_err(status)?;
+        let mut inodes = vec![dir.ino()];
+        inodes.extend(target);
+        call.changed(&inodes, &[(dir.ino(), name)]);
         call.durable(dir.ino(), ())
     }
 
@@ -804,6 +833,10 @@ impl TankNfs {
                 RenameFlags::default(),
             )
             .map_err(status)?;
+        call.changed(
+            &[from.ino(), to.ino()],
+            &[(from.ino(), from_name), (to.ino(), to_name)],
+        );
         call.durable(to.ino(), ())
     }
 
@@ -838,6 +871,7 @@ impl TankNfs {
         } else {
             call.fs.setattr(&call.cred, a.ino, &set).map_err(status)?
         };
+        call.changed(&[dir.ino()], &[(dir.ino(), name)]);
         call.durable(dir.ino(), (call.fh(&a), call.fattr(&a)))
     }
 
@@ -855,6 +889,7 @@ impl TankNfs {
         call.fs
             .link(&call.cred, file.ino(), dir.ino(), name_of(name))
             .map_err(status)?;
+        call.changed(&[dir.ino(), file.ino()], &[(dir.ino(), name)]);
         call.durable(dir.ino(), ())
     }
 

@@ -45,6 +45,17 @@ pub enum DatasetEvent {
     PropertiesChanged { names: Vec<String> },
     /// A forced destroy: stop serving the dataset; the handle closes after this.
     Destroying,
+    /// Another front end changed files (for the caches a front end keeps of them).
+    Changed(Changed),
+}
+
+/// What a front end changed in a shared filesystem, so that the others drop what they
+/// cache of it (the FUSE mount's kernel caches): inodes whose data or attributes changed,
+/// and directory entries (parent inode, name) that appeared or went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changed {
+    pub inodes: Vec<u64>,
+    pub entries: Vec<(u64, Vec<u8>)>,
 }
 
 /// A front end (or a test double) that holds a dataset and is told what happens to it.
@@ -157,6 +168,22 @@ impl Hold {
     /// The shared filesystem (`None` while a rollback replaces it).
     pub fn fs(&self) -> Option<Arc<Fs>> {
         self.handle.fs()
+    }
+
+    /// Tells the dataset's other holders what this one changed.
+    pub fn changed(&self, change: Changed) {
+        let others: Vec<Arc<dyn Holder>> = self
+            .handle
+            .holders
+            .lock()
+            .iter()
+            .filter(|h| h.id != self.id)
+            .map(|h| h.holder.clone())
+            .collect();
+        let event = DatasetEvent::Changed(change);
+        for h in others {
+            h.notify(&event);
+        }
     }
 }
 

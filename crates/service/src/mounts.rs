@@ -19,7 +19,7 @@ use tank_dataset::{DatasetKind, DsHooks, Dsl};
 use tank_object::ObjectStore;
 
 use crate::api::MountInfo;
-use crate::handles::{DatasetEvent, Handles, Hold, Holder};
+use crate::handles::{Changed, DatasetEvent, Handles, Hold, Holder};
 
 /// The snapshots of one dataset, for a front end's `.tank/snapshot` directory.
 pub struct Snapshots {
@@ -78,6 +78,11 @@ pub trait MountedFs: Send {
     }
     /// Blocks until the filesystem is unmounted (by anyone).
     fn wait(&mut self) -> Result<()>;
+    /// What drops the kernel's caches of files another front end changed, if the mount
+    /// has caches to drop.
+    fn invalidator(&self) -> Option<Invalidator> {
+        None
+    }
     /// Something that unmounts it from another thread (a signal handler).
     fn unmounter(&self) -> Box<dyn Fn() + Send>;
 }
@@ -91,12 +96,23 @@ struct Mounted {
     hold: Hold,
 }
 
+/// Drops what a mount's kernel caches of changed files.
+pub type Invalidator = Arc<dyn Fn(&Changed) + Send + Sync>;
+
 /// A FUSE mount as a holder of its dataset: the service's policy unmounts it before a
-/// rollback or destroy and mounts it again after, so the events need nothing more of it.
-struct MountHolder;
+/// rollback or destroy and mounts it again after; what another front end changes is
+/// dropped from the kernel's caches of the mount (its invalidator, once it is mounted).
+#[derive(Default)]
+struct MountHolder {
+    invalidate: std::sync::OnceLock<Invalidator>,
+}
 
 impl Holder for MountHolder {
-    fn notify(&self, _event: &DatasetEvent) {}
+    fn notify(&self, event: &DatasetEvent) {
+        if let (DatasetEvent::Changed(c), Some(inval)) = (event, self.invalidate.get()) {
+            inval(c);
+        }
+    }
 }
 
 /// The mounts of one service.
@@ -184,12 +200,13 @@ impl Mounts {
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create mount point {}", dir.display()))?;
         }
+        let holder = Arc::new(MountHolder::default());
         let hold = self.handles.hold(
             dsl,
             store,
             name,
             &format!("mounted at {}", dir.display()),
-            Arc::new(MountHolder),
+            holder.clone(),
         )?;
         let Some(fs) = hold.fs() else {
             bail!(crate::ServiceError::Busy(format!(
@@ -217,6 +234,9 @@ impl Mounts {
             protocols: self.protocols.clone(),
         })?;
         let uring = handle.io_uring();
+        if let Some(inval) = handle.invalidator() {
+            let _ = holder.invalidate.set(inval);
+        }
         self.table.lock().push(Mounted {
             pool: pool_of(name).to_string(),
             dataset: name.to_string(),

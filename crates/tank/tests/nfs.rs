@@ -318,6 +318,31 @@ fn nfs_shares_serve_files_with_their_rules() {
             ok("nfs-cat", &[&url(&d, "pub/from-local", None)]),
             b"written through the mount"
         );
+        // A change through NFS is what the next read through the mount sees at once (the
+        // mount drops the kernel's cached pages and entries of what NFS changed), and the
+        // other way round. (Not yet the size of a file the mount has cached: with its
+        // writeback cache the kernel keeps its own; docs/NFS.md.)
+        std::fs::write(mnt.join("shared"), b"AAAA").unwrap();
+        assert_eq!(std::fs::read(mnt.join("shared")).unwrap(), b"AAAA");
+        let mut rc = Rpc::connect(&d.nfs);
+        let pub_root = rc.mount("/pub").unwrap();
+        let shared = rc.lookup(&pub_root, "shared").unwrap();
+        rc.write(&shared, 0, b"BBBB", stable_how::UNSTABLE).unwrap();
+        assert_eq!(std::fs::read(mnt.join("shared")).unwrap(), b"BBBB");
+        // Names too: a file made through NFS is there, one removed is gone.
+        assert!(!mnt.join("made-remotely").exists());
+        rc.create(
+            &pub_root,
+            "made-remotely",
+            createhow3::UNCHECKED(sattr3::default()),
+        )
+        .unwrap();
+        assert!(mnt.join("made-remotely").exists());
+        rc.remove(&pub_root, "made-remotely").unwrap();
+        assert!(!mnt.join("made-remotely").exists());
+        std::fs::write(mnt.join("shared"), b"local").unwrap();
+        assert_eq!(rc.read(&shared, 0, 100).unwrap().0, b"local");
+        drop(rc);
         // alice (1000) has a private file and a private directory; bob (1001) does not.
         let chown = |p: &Path, uid: u32, mode: u32| {
             std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
