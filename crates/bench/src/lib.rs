@@ -9,12 +9,14 @@
 //! recommends one for a workload. `fsbench.rs` is the bonnie++-style benchmark of a
 //! directory, paced by a network link of `link.rs` when one is given; `emulate.rs` is the
 //! grammar of emulated builds. `api.rs` measures the management API's latency over HTTPS
-//! against the local socket, and the daemon's memory (`tank bench-api`).
+//! against the local socket, and the daemon's memory (`tank bench-api`). `nfs_client.rs` is
+//! the NFSv3 client of `tank bench-nfs` (and of the NFS tests).
 
 pub mod api;
 pub mod emulate;
 pub mod fsbench;
 pub mod link;
+pub mod nfs_client;
 pub mod plan;
 pub mod profile;
 pub mod run;

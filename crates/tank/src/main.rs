@@ -28,8 +28,8 @@ mod mounts;
 
 use clap::{Parser, Subcommand};
 use tank_bench::run::{
-    cache as bench_cache, engine as bench, fs as fsbench, plan, scrub as bench_scrub,
-    sync as bench_sync,
+    cache as bench_cache, engine as bench, fs as fsbench, nfs as bench_nfs, plan,
+    scrub as bench_scrub, sync as bench_sync,
 };
 
 /// mimalloc keeps freed memory for reuse: the data path allocates and frees buffers of 128 KiB
@@ -109,6 +109,9 @@ enum Command {
     /// The management API's latency for a status request over HTTPS against the local
     /// socket, at several numbers of clients, and the daemon's memory.
     BenchApi(bench_api::BenchApiArgs),
+    /// The NFS server against nfs-ganesha on the same disk and against the engine's own
+    /// rate: a large file copied in and out, small files created, read and removed.
+    BenchNfs(bench_nfs::NfsBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -154,6 +157,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchCache(a) => bench_cache::run(a),
         Command::BenchSync(a) => bench_sync::run(a),
         Command::BenchApi(a) => bench_api::run(a),
+        Command::BenchNfs(a) => bench_nfs::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),

@@ -4,7 +4,6 @@
 //! owners and modes and check that both views agree.
 
 mod common;
-mod nfs_rpc;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -324,7 +323,7 @@ fn nfs_shares_serve_files_with_their_rules() {
         // writeback cache the kernel keeps its own; docs/NFS.md.)
         std::fs::write(mnt.join("shared"), b"AAAA").unwrap();
         assert_eq!(std::fs::read(mnt.join("shared")).unwrap(), b"AAAA");
-        let mut rc = Rpc::connect(&d.nfs);
+        let mut rc = Rpc::connect(&d.nfs).unwrap();
         let pub_root = rc.mount("/pub").unwrap();
         let shared = rc.lookup(&pub_root, "shared").unwrap();
         rc.write(&shared, 0, b"BBBB", stable_how::UNSTABLE).unwrap();
@@ -422,7 +421,7 @@ fn nfs_shares_serve_files_with_their_rules() {
 use nfs3_server::nfs3_types::nfs3::{
     self as nfs, createhow3, createverf3, nfsstat3, sattr3, stable_how,
 };
-use nfs_rpc::{Reply, Rpc};
+use tank_bench::nfs_client::{Reply, Rpc};
 
 /// A share of a new dataset `tank/NAME`, read-write, root not squashed, for 127.0.0.1.
 fn open_share(data: &Path, name: &str) {
@@ -453,7 +452,7 @@ fn nfs_handles_and_committed_writes_outlive_kill_9() {
     let data = tmp.path().join("data");
     let d = serve(&data);
     open_share(&data, "h");
-    let mut c = Rpc::connect(&d.nfs);
+    let mut c = Rpc::connect(&d.nfs).unwrap();
     let root = c.mount("/h").unwrap();
     let f = c
         .create(&root, "f", createhow3::UNCHECKED(sattr3::default()))
@@ -527,7 +526,7 @@ fn nfs_handles_and_committed_writes_outlive_kill_9() {
     drop(c);
     d.kill9();
     let d = serve(&data);
-    let mut c = Rpc::connect(&d.nfs);
+    let mut c = Rpc::connect(&d.nfs).unwrap();
     let a = c.getattr(&f).unwrap();
     assert_eq!(a.size, (4 << 20) + 4096);
     let mut back = Vec::new();
@@ -562,7 +561,7 @@ fn nfs_answers_bad_input_with_errors_and_keeps_serving() {
     let data = tmp.path().join("data");
     let mut d = serve(&data);
     open_share(&data, "b");
-    let mut c = Rpc::connect(&d.nfs);
+    let mut c = Rpc::connect(&d.nfs).unwrap();
     let root = c.mount("/b").unwrap();
     let f = c
         .create(&root, "keep", createhow3::UNCHECKED(sattr3::default()))
@@ -600,15 +599,15 @@ fn nfs_answers_bad_input_with_errors_and_keeps_serving() {
         );
     };
     // A record that is not an RPC call.
-    let mut c2 = Rpc::connect(&d.nfs);
+    let mut c2 = Rpc::connect(&d.nfs).unwrap();
     c2.send_record(&pattern(64, 5)).unwrap();
     closed(&mut c2);
     // A record header announcing 2 GiB: refused before anything is read or allocated.
-    let mut c3 = Rpc::connect(&d.nfs);
+    let mut c3 = Rpc::connect(&d.nfs).unwrap();
     c3.send_raw(&0xffff_fff0u32.to_be_bytes()).unwrap();
     closed(&mut c3);
     // Many fragments adding up past the limit.
-    let mut c4 = Rpc::connect(&d.nfs);
+    let mut c4 = Rpc::connect(&d.nfs).unwrap();
     let frag = vec![0u8; 512 << 10];
     let mut cut = false;
     for _ in 0..8 {
@@ -622,7 +621,7 @@ fn nfs_answers_bad_input_with_errors_and_keeps_serving() {
         closed(&mut c4);
     }
     // A truncated record, then the client goes away.
-    let mut c5 = Rpc::connect(&d.nfs);
+    let mut c5 = Rpc::connect(&d.nfs).unwrap();
     c5.send_raw(&(1000u32 | 0x8000_0000).to_be_bytes()).unwrap();
     c5.send_raw(&[0u8; 10]).unwrap();
     drop(c5);
@@ -636,7 +635,7 @@ fn nfs_answers_bad_input_with_errors_and_keeps_serving() {
         x ^= x << 17;
         x
     };
-    let mut c6 = Rpc::connect(&d.nfs);
+    let mut c6 = Rpc::connect(&d.nfs).unwrap();
     for i in 0..2000 {
         let prog = if i % 5 == 0 {
             nfs3_server::nfs3_types::mount::PROGRAM
@@ -663,7 +662,7 @@ fn nfs_answers_bad_input_with_errors_and_keeps_serving() {
         let t = Instant::now();
         match c6.call_raw(prog, 3, proc_, &args) {
             Ok(_) => {}
-            Err(_) => c6 = Rpc::connect(&d.nfs),
+            Err(_) => c6 = Rpc::connect(&d.nfs).unwrap(),
         }
         // Each is answered (or its connection closed) at once.
         assert!(
@@ -674,7 +673,7 @@ fn nfs_answers_bad_input_with_errors_and_keeps_serving() {
         );
     }
     assert!(d.alive(), "the daemon died");
-    let mut c7 = Rpc::connect(&d.nfs);
+    let mut c7 = Rpc::connect(&d.nfs).unwrap();
     assert!(matches!(
         c7.call_raw(nfs::PROGRAM, 3, 0, &[]).unwrap(),
         Reply::Success(_)
@@ -930,7 +929,7 @@ fn nfs_permissions_are_the_local_ones_for_every_operation() {
     build(&mnt.join("L"));
     build(&mnt.join("N"));
 
-    let mut c = Rpc::connect(&d.nfs);
+    let mut c = Rpc::connect(&d.nfs).unwrap();
     let export = c.mount("/perm").unwrap();
     let n_root = c.lookup(&export, "N").unwrap();
     // Others first, then the group member, then the owner: a denied attempt comes before
@@ -1114,7 +1113,7 @@ fn nfs_serves_snapshots_read_only_and_child_datasets() {
     let data = tmp.path().join("data");
     let d = serve(&data);
     open_share(&data, "s");
-    let mut c = Rpc::connect(&d.nfs);
+    let mut c = Rpc::connect(&d.nfs).unwrap();
     let root = c.mount("/s").unwrap();
     let f = c
         .create(&root, "f", createhow3::UNCHECKED(sattr3::default()))
