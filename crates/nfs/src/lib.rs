@@ -11,7 +11,9 @@
 //! - `handle.rs`: file handles (pool guid, dataset id, inode, generation), valid across
 //!   restarts;
 //! - `vfs.rs`: the operations, each on the export's shared filesystem with the caller's
-//!   AUTH_SYS identity after squashing.
+//!   AUTH_SYS identity after squashing;
+//! - `portmap.rs`: on the standard port, registration with the system's rpcbind, or a
+//!   portmapper of our own on port 111, so that a stock `mount` finds the server.
 //!
 //! A client mounts `/NAME` for the share NAME (`nfs://HOST/NAME` in libnfs' terms); the
 //! server's root lists the exports the client may use. There is no NLM: clients mount with
@@ -19,6 +21,7 @@
 
 pub mod exports;
 pub mod handle;
+pub mod portmap;
 pub mod vfs;
 
 use std::net::SocketAddr;
@@ -30,6 +33,7 @@ use nfs3_server::tcp::{NFSTcp, NFSTcpListener};
 use tank_service::Service;
 
 pub use exports::{Export, Exports};
+pub use portmap::Portmap;
 
 /// The generation the server puts before every handle: fixed, so that handles outlive a
 /// restart (the write verifier still changes at each start).
@@ -39,6 +43,7 @@ const HANDLE_GENERATION: u64 = 0x7461_6e6b_0001_0000;
 pub struct NfsServer {
     addr: SocketAddr,
     exports: Arc<Exports>,
+    portmap: Portmap,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -46,6 +51,11 @@ pub struct NfsServer {
 impl NfsServer {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// How clients find the server without being told its port.
+    pub fn portmap(&self) -> &Portmap {
+        &self.portmap
     }
 
     /// Stops serving and lets go of the exported datasets.
@@ -59,6 +69,10 @@ impl NfsServer {
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if matches!(self.portmap, Portmap::Registered { .. }) {
+            portmap::unregister();
+            self.portmap = Portmap::Unavailable("stopped".into());
         }
         self.exports.clear();
     }
@@ -88,6 +102,21 @@ pub fn start(svc: Arc<Service>, addr: SocketAddr) -> Result<NfsServer> {
         ))
         .with_context(|| format!("cannot listen on {addr}"))?;
     let bound = SocketAddr::new(listener.get_listen_ip(), listener.get_listen_port());
+    let portmap = if bound.port() != portmap::NFS_PORT {
+        Portmap::NotStandardPort
+    } else {
+        match portmap::register(bound) {
+            Ok(Some(socket)) => Portmap::Registered { socket },
+            Err(e) => Portmap::Unavailable(format!("{e:#}")),
+            Ok(None) => {
+                let at = SocketAddr::new(bound.ip(), portmap::PORTMAP_PORT);
+                match rt.block_on(portmap::serve(at, bound.port())) {
+                    Ok(()) => Portmap::Serving(at),
+                    Err(e) => Portmap::Unavailable(format!("no rpcbind runs, and {e:#}")),
+                }
+            }
+        }
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let thread = std::thread::Builder::new()
         .name("tank-nfs".into())
@@ -107,6 +136,7 @@ pub fn start(svc: Arc<Service>, addr: SocketAddr) -> Result<NfsServer> {
     Ok(NfsServer {
         addr: bound,
         exports,
+        portmap,
         shutdown: Some(tx),
         thread: Some(thread),
     })

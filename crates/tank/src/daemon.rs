@@ -331,6 +331,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             })?;
             let server = tank_nfs::start(svc.clone(), addr).context("cannot serve NFS")?;
             println!("nfs: {}", server.local_addr());
+            println!("nfs portmapper: {}", server.portmap());
             Some(server)
         }
     };

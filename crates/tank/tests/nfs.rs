@@ -48,8 +48,14 @@ impl Drop for Daemon {
 
 /// Starts `tank serve` with NFS on a free port of 127.0.0.1; returns when it listens.
 fn serve(data: &Path) -> Daemon {
+    serve_at(data, "127.0.0.1:0").0
+}
+
+/// Starts `tank serve` with NFS on `addr`; returns when it listens, with the lines it
+/// printed.
+fn serve_at(data: &Path, addr: &str) -> (Daemon, Vec<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["serve", "--no-api", "--nfs", "127.0.0.1:0"])
+        .args(["serve", "--no-api", "--nfs", addr])
         .env("TANK_DATA_DIR", data)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -63,6 +69,7 @@ fn serve(data: &Path) -> Daemon {
         }
     });
     let mut nfs = None;
+    let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let line = rx
@@ -74,11 +81,13 @@ fn serve(data: &Path) -> Daemon {
         if line.starts_with("listening on ") {
             break;
         }
+        lines.push(line);
     }
-    Daemon {
+    let d = Daemon {
         child,
         nfs: nfs.expect("the daemon printed its NFS address"),
-    }
+    };
+    (d, lines)
 }
 
 fn tank(data: &Path, args: &[&str]) -> String {
@@ -1193,4 +1202,312 @@ fn nfs_serves_snapshots_read_only_and_child_datasets() {
         c.lookup(&snapdir, "one").unwrap_err(),
         nfsstat3::NFS3ERR_NOENT
     );
+}
+
+/// Why the standard ports cannot be used here, if they cannot.
+fn standard_ports_missing() -> Option<String> {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1)?.parse::<u32>().ok());
+    if uid != Some(0) {
+        return Some("binding ports 2049 and 111 needs root".into());
+    }
+    if std::net::TcpListener::bind("127.0.0.1:2049").is_err() {
+        return Some("port 2049 of 127.0.0.1 is taken by another server".into());
+    }
+    None
+}
+
+/// Whether a system rpcbind answers on its local socket.
+fn rpcbind_runs() -> bool {
+    ["/run/rpcbind.sock", "/var/run/rpcbind.sock"]
+        .iter()
+        .any(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+}
+
+/// PMAPPROC_GETPORT over UDP to 127.0.0.1:111: the port of `prog` version `vers` over TCP.
+fn pmap_getport(prog: u32, vers: u32) -> u32 {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut call = Vec::new();
+    for w in [
+        0x7a11_0001u32,
+        0,
+        2,
+        100_000,
+        2,
+        3,
+        0,
+        0,
+        0,
+        0,
+        prog,
+        vers,
+        6,
+        0,
+    ] {
+        call.extend_from_slice(&w.to_be_bytes());
+    }
+    sock.send_to(&call, "127.0.0.1:111").unwrap();
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("the portmapper answers");
+    assert!(n >= 28, "a short reply: {n} bytes");
+    let w = |i: usize| u32::from_be_bytes(buf[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!((w(0), w(1), w(2), w(5)), (0x7a11_0001, 1, 0, 0), "accepted");
+    w(6)
+}
+
+/// On the standard port a stock client finds the server through the portmapper, without
+/// being told any port: tank registers with the system's rpcbind where one runs, and
+/// answers port 111 itself where none does. Only what is served is told (no NLM); a
+/// registration is taken back at the stop.
+#[test]
+fn nfs_is_found_through_the_portmapper_on_the_standard_port() {
+    const NAME: &str = "nfs_is_found_through_the_portmapper_on_the_standard_port";
+    if let Some(why) = missing_tools().or_else(standard_ports_missing) {
+        if std::env::var_os("CI").is_some() {
+            println!("{NAME}: not run: {why}");
+        }
+        common::skip(NAME, &why);
+        return;
+    }
+    let system = rpcbind_runs();
+    if !system && std::net::TcpListener::bind("127.0.0.1:111").is_err() {
+        let why = "port 111 is taken by a portmapper that has no local socket".to_string();
+        common::skip(NAME, &why);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let (d, lines) = serve_at(&data, "127.0.0.1:2049");
+    let said = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("nfs portmapper: "))
+        .unwrap_or_else(|| panic!("no portmapper line in {lines:?}"))
+        .to_string();
+    if system {
+        assert!(
+            said.starts_with("registered with the system's rpcbind"),
+            "{said}"
+        );
+    } else {
+        assert_eq!(said, "answered by tank on 127.0.0.1:111");
+        assert_eq!(pmap_getport(100_021, 4), 0, "NLM is not served");
+        assert_eq!(pmap_getport(100_003, 4), 0, "NFSv4 is not served");
+    }
+    assert_eq!(pmap_getport(100_003, 3), 2049);
+    assert_eq!(pmap_getport(100_005, 3), 2049);
+    open_share(&data, "p");
+    let body = pattern(300_000, 77);
+    let src = tmp.path().join("src");
+    std::fs::write(&src, &body).unwrap();
+    // No port in the URLs: libnfs asks the portmapper on port 111.
+    ok(
+        "nfs-cp",
+        &[src.to_str().unwrap(), "nfs://127.0.0.1/p/f?version=3"],
+    );
+    let back = ok("nfs-cat", &["nfs://127.0.0.1/p/f?version=3"]);
+    assert!(back == body, "read back differs");
+    let ls = String::from_utf8(ok("nfs-ls", &["nfs://127.0.0.1/p?version=3"])).unwrap();
+    assert!(ls.contains(" f\n") || ls.ends_with(" f"), "{ls}");
+    drop(d);
+    if system {
+        assert_eq!(
+            pmap_getport(100_003, 3),
+            0,
+            "the registration outlived the stop"
+        );
+    }
+}
+
+/// kill -9 while a client writes: a writer sends 256 KiB UNSTABLE writes and a COMMIT
+/// after every fourth, until the daemon dies under it, at three moments (just after its
+/// first answered COMMIT, and after 16 and 48 MiB, each with answered writes not yet
+/// committed). After the restart every byte of every
+/// answered COMMIT is there; the writer's next COMMIT shows a new verifier, so it resends
+/// everything since its last answered COMMIT, as a client does, and the file is then
+/// whole.
+#[test]
+fn nfs_commits_answered_before_a_kill_9_mid_write_are_kept() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const CHUNK: usize = 256 << 10;
+    const MAX_CHUNKS: usize = 4096; // 1 GiB: the kill comes well before
+    let chunk = |i: usize| pattern(CHUNK, 1000 + i as u64);
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut d = serve(&data);
+    open_share(&data, "w");
+    for (round, kill_after) in [1usize << 20, 16 << 20, 48 << 20].into_iter().enumerate() {
+        let name = format!("f{round}");
+        let mut c = Rpc::connect(&d.nfs).unwrap();
+        let root = c.mount("/w").unwrap();
+        let f = c
+            .create(&root, &name, createhow3::UNCHECKED(sattr3::default()))
+            .unwrap();
+        let committed = Arc::new(AtomicU64::new(0));
+        let progress = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (committed, progress, f) = (committed.clone(), progress.clone(), f.clone());
+            std::thread::spawn(move || {
+                // How many chunks were sent, and the verifier of the last COMMIT.
+                let mut sent = 0;
+                let mut verf = None;
+                while sent < MAX_CHUNKS {
+                    let Ok(w) = c.write(
+                        &f,
+                        (sent * CHUNK) as u64,
+                        &chunk(sent),
+                        stable_how::UNSTABLE,
+                    ) else {
+                        break;
+                    };
+                    assert_eq!(w.count as usize, CHUNK);
+                    sent += 1;
+                    progress.store(sent as u64, Ordering::SeqCst);
+                    if sent % 4 == 0 {
+                        let Ok(v) = c.commit(&f) else { break };
+                        verf = Some(v);
+                        committed.store((sent * CHUNK) as u64, Ordering::SeqCst);
+                    }
+                }
+                (sent, verf)
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        // Killed with 2 or 3 answered UNSTABLE writes not yet committed.
+        let kill_at = (kill_after / CHUNK + 2 + round % 2) as u64;
+        while progress.load(Ordering::SeqCst) < kill_at {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the writer is stuck"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        d.kill9();
+        let (sent, verf) = writer.join().unwrap();
+        let acked = committed.load(Ordering::SeqCst) as usize;
+        assert!(
+            sent < MAX_CHUNKS,
+            "round {round}: the writer finished before the kill"
+        );
+        eprintln!("round {round}: killed with {acked} bytes committed, {sent} chunks sent");
+        d = serve(&data);
+        let mut c = Rpc::connect(&d.nfs).unwrap();
+        let size = c.getattr(&f).unwrap().size as usize;
+        assert!(
+            size >= acked,
+            "round {round}: {size} bytes, {acked} were committed"
+        );
+        let read_all = |c: &mut Rpc, upto: usize| {
+            let mut back = Vec::with_capacity(upto.min(64 << 20));
+            loop {
+                let (got, eof) = c.read(&f, back.len() as u64, 1 << 20).unwrap();
+                back.extend_from_slice(&got);
+                if eof || got.is_empty() || back.len() >= upto {
+                    break;
+                }
+            }
+            back
+        };
+        let back = read_all(&mut c, acked);
+        for i in 0..acked / CHUNK {
+            assert!(
+                back[i * CHUNK..(i + 1) * CHUNK] == chunk(i)[..],
+                "round {round}: committed chunk {i} differs after kill -9 ({acked} bytes committed)"
+            );
+        }
+        // The client's recovery: a COMMIT whose verifier changed means resend.
+        let v = c.commit(&f).unwrap();
+        assert_ne!(
+            Some(v),
+            verf,
+            "round {round}: the verifier outlived the restart"
+        );
+        for i in acked / CHUNK..sent {
+            c.write(&f, (i * CHUNK) as u64, &chunk(i), stable_how::UNSTABLE)
+                .unwrap();
+        }
+        assert_eq!(
+            c.commit(&f).unwrap(),
+            v,
+            "round {round}: no restart between"
+        );
+        let back = read_all(&mut c, usize::MAX);
+        // A write whose reply the kill cut off may have landed too (whole, in a txg that
+        // synced): one chunk more.
+        let whole = sent * CHUNK;
+        assert!(
+            back.len() == whole || back.len() == whole + CHUNK,
+            "round {round}: {} bytes, {whole} were sent",
+            back.len()
+        );
+        for (i, got) in back.chunks(CHUNK).enumerate() {
+            assert!(
+                got == chunk(i),
+                "round {round}: chunk {i} of the resent file differs"
+            );
+        }
+    }
+}
+/// Why the libnfs C workout cannot be built here, if it cannot.
+fn libnfs_dev_missing() -> Option<String> {
+    if !Path::new("/usr/include/nfsc/libnfs.h").exists() {
+        return Some(
+            "libnfs' headers are not installed (Debian: apt-get install libnfs-dev)".into(),
+        );
+    }
+    if Command::new("cc").arg("--version").output().is_err() {
+        return Some("no C compiler (Debian: apt-get install build-essential)".into());
+    }
+    None
+}
+
+/// libnfs' own C API (tests/libnfs_workout.c, built here with the system's compiler):
+/// statvfs, mkdir, creat, odd-sized pwrites and preads of 3 MiB, fsync, fstat, a hole,
+/// ftruncate, chmod, utimes to the microsecond, symlink and readlink, link, rename,
+/// access, 300 files listed over several READDIRPLUS pages, unlink and rmdir, each result
+/// and error checked; what it leaves is then read through the server by another client.
+#[test]
+fn libnfs_c_api_workout() {
+    const NAME: &str = "libnfs_c_api_workout";
+    if let Some(why) = missing_tools().or_else(libnfs_dev_missing) {
+        if std::env::var_os("CI").is_some() {
+            println!("{NAME}: not run: {why}");
+        }
+        common::skip(NAME, &why);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = tmp.path().join("libnfs_workout");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/libnfs_workout.c");
+    let out = Command::new("cc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lnfs")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let data = tmp.path().join("data");
+    let d = serve(&data);
+    open_share(&data, "c");
+    let said = String::from_utf8(ok(exe.to_str().unwrap(), &[&url(&d, "c", None)])).unwrap();
+    let n: u32 = said
+        .trim()
+        .strip_prefix("libnfs workout: ")
+        .and_then(|s| s.strip_suffix(" checks passed"))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output: {said}"));
+    assert!(n > 4000, "only {n} checks ran");
+    let a = ok("nfs-cat", &[&url(&d, "c/final/a", None)]);
+    assert_eq!(a, b"hello from libnfs\n");
+    let ls = String::from_utf8(ok("nfs-ls", &[&url(&d, "c", None)])).unwrap();
+    assert!(!ls.contains(" d\n"), "d was removed: {ls}");
 }

@@ -47,13 +47,27 @@ where
     Void
 }
 
-// We fake a portmapper here. And always direct back to the same host port
+// We fake a portmapper here, directing back to the same host port for what this server
+// serves. tank: only for that (NFS and MOUNT version 3 over TCP, and this portmapper);
+// anything else (NLM, UDP, NFSv4) is port 0, "not registered", where every program used
+// to be sent here.
 async fn pmapproc_getport<T>(context: RPCContext<T>, xid: u32, m: mapping) -> u32
 where
     T: crate::vfs::NfsFileSystem,
 {
     debug!("pmapproc_getport({xid}, {m:?})");
-    let port = u32::from(context.local_port);
+    let served = m.prot == portmap::IPPROTO_TCP
+        && matches!(
+            (m.prog, m.vers),
+            (nfs3_types::nfs3::PROGRAM, 3)
+                | (nfs3_types::mount::PROGRAM, 3)
+                | (portmap::PROGRAM, 2)
+        );
+    let port = if served {
+        u32::from(context.local_port)
+    } else {
+        0
+    };
     debug!("\t{xid} --> {port}");
     port
 }
