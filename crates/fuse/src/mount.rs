@@ -22,6 +22,10 @@
 //! lazy when busy, `fusermount -u -z` when not permitted.
 //! Before unmounting a path we check that the session is still alive, so that a mount made
 //! later at the same place by someone else is never unmounted by mistake.
+//!
+//! A mount of tank's own (`fuse.tank`) whose server is gone, left by a daemon that was
+//! killed, is detached when a filesystem is mounted at its place again, so that a restart
+//! after a crash mounts everything as before; any other FUSE mount there is refused.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -295,8 +299,37 @@ fn resolve_parent(dir: &Path) -> io::Result<PathBuf> {
     }
 }
 
+/// Whether the FUSE mount at `dir` has lost its server (a process that mounted it and was
+/// killed): a stat of it fails with ENOTCONN. Asked on a thread of its own, for at most
+/// 2 s, so that a live server that hangs does not hang us.
+fn server_gone(dir: &Path) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.to_path_buf();
+    let _ = std::thread::Builder::new()
+        .name("tank-stat".into())
+        .spawn(move || {
+            let gone = matches!(
+                std::fs::metadata(&d).map_err(|e| e.raw_os_error()),
+                Err(Some(libc::ENOTCONN))
+            );
+            let _ = tx.send(gone);
+        });
+    rx.recv_timeout(std::time::Duration::from_secs(2))
+        .unwrap_or(false)
+}
+
 fn fuse_mounted_at(dir: &Path) -> Result<(), MountError> {
     match mount_at(dir) {
+        // tank's own mount whose server is gone (the daemon was killed): detached, so that
+        // the restarted daemon mounts its filesystems again with no step by hand.
+        Some(m) if m.fs_type == FS_TYPE && server_gone(dir) => {
+            nix::mount::umount2(dir, MntFlags::MNT_DETACH).map_err(|e| MountError::Io {
+                op: "cannot detach the dead mount at",
+                path: dir.to_path_buf(),
+                source: io::Error::from(e),
+            })?;
+            fuse_mounted_at(dir)
+        }
         // Another kind of filesystem mounted there is simply covered (as mount(8) does);
         // a FUSE filesystem there is most likely this one, mounted twice.
         Some(m) if m.fs_type == "fuse" || m.fs_type.starts_with("fuse.") => {

@@ -196,7 +196,10 @@ impl Mounts {
             )));
         }
         let dir = Self::mount_dir(dsl, id, name, dir)?;
-        if !dir.exists() {
+        // Made where missing; one that cannot be looked at (the dead mount of a daemon that
+        // was killed: ENOTCONN) is the FUSE front end's to judge.
+        if matches!(std::fs::symlink_metadata(&dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        {
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create mount point {}", dir.display()))?;
         }
