@@ -62,6 +62,9 @@ pub struct User {
     pub gid: u32,
     /// Administrator (everything) or user (its own account; what is shared with it).
     pub admin: bool,
+    /// May create buckets through S3 (CreateBucket makes a dataset under the S3 parent).
+    #[serde(default)]
+    pub s3_bucket_create: bool,
     /// argon2id PHC string; None: no password (cannot log in with one).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub password: Option<String>,
@@ -309,6 +312,7 @@ impl Accounts {
                 uid,
                 gid,
                 admin: new.admin,
+                s3_bucket_create: false,
                 password,
                 created: now_secs(),
             };
@@ -369,7 +373,8 @@ impl Accounts {
         .map(drop)
     }
 
-    /// `user set NAME KEY=VALUE`: `uid=N`, `admin=on|off`, `group=G` (the primary group).
+    /// `user set NAME KEY=VALUE`: `uid=N`, `admin=on|off`, `group=G` (the primary group),
+    /// `s3_bucket_create=on|off`.
     pub fn set_user(&self, name: &str, key: &str, value: &str) -> Res<User> {
         let groups = self.groups()?;
         let users = self.users()?;
@@ -399,6 +404,17 @@ impl Accounts {
                         }
                     }
                 }
+                "s3_bucket_create" => {
+                    u.s3_bucket_create = match value {
+                        "on" | "yes" | "true" => true,
+                        "off" | "no" | "false" => false,
+                        _ => {
+                            return Err(ServiceError::Invalid(format!(
+                                "invalid value '{value}' for s3_bucket_create: on or off"
+                            )))
+                        }
+                    }
+                }
                 "group" => {
                     let g = groups.iter().find(|g| g.name == value).ok_or_else(|| {
                         ServiceError::NotFound(format!("no such group '{value}'"))
@@ -407,8 +423,8 @@ impl Accounts {
                 }
                 _ => {
                     return Err(ServiceError::Invalid(format!(
-                        "unknown user setting '{key}' (settings: uid, admin, group)"
-                    )))
+                    "unknown user setting '{key}' (settings: uid, admin, group, s3_bucket_create)"
+                )))
                 }
             }
             Ok(())

@@ -256,6 +256,7 @@ pub fn validate(
         let k = &match (protocol, k.as_str()) {
             (_, "ro") => "readonly".to_string(),
             ("nfs", "hosts") => "clients".to_string(),
+            ("s3", "public_read") => "public".to_string(),
             _ => k.clone(),
         };
         let value = match (protocol, k.as_str()) {
@@ -300,8 +301,13 @@ pub fn validate(
                 _ => return Err(invalid(format!("invalid sec '{v}': only sys is served"))),
             },
             ("s3", "public") => match v.as_str() {
-                "off" | "read" => v.clone(),
-                _ => return Err(invalid(format!("invalid public '{v}': off or read"))),
+                "off" | "no" | "false" => "off".into(),
+                "read" | "on" | "yes" | "true" => "read".into(),
+                _ => {
+                    return Err(invalid(format!(
+                        "invalid public '{v}': off or read (anyone may read; also public_read=on)"
+                    )))
+                }
             },
             ("iscsi", "iqn") => {
                 check_iqn(v)?;

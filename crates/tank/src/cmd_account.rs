@@ -23,7 +23,8 @@ pub enum UserCmd {
     Add(UserAddArgs),
     /// Change a user's password (read from standard input, or --password-file).
     Passwd(PasswdArgs),
-    /// Change a user's settings: uid=N, admin=on|off, group=G (the primary group).
+    /// Change a user's settings: uid=N, admin=on|off, group=G (the primary group),
+    /// s3_bucket_create=on|off (may create buckets through S3).
     Set(UserSetArgs),
     /// List the users.
     List(ListArgs),

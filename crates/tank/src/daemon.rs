@@ -19,7 +19,8 @@
 //! malformed line, an unknown field or a newer API version gets a clear error and changes
 //! nothing.
 //!
-//! The NFS server (`tank_nfs`, `--nfs ADDR`) serves the nfs shares from the same service.
+//! The NFS server (`tank_nfs`, `--nfs ADDR`) serves the nfs shares from the same service,
+//! and the S3 endpoint (`tank_s3`, `--s3 URL`) the s3 shares.
 //! The HTTPS API (`tank_api`) runs beside the socket on the same service, on `--api`
 //! (default 127.0.0.1:8443). SIGTERM or SIGINT stops the API, then unmounts every
 //! filesystem, syncs and exports every pool (they stay in the cache file, so the next start
@@ -68,6 +69,24 @@ pub struct ServeArgs {
     /// standard port is 2049). Clients mount /NAME with nolock
     #[arg(long, value_name = "ADDR:PORT")]
     pub nfs: Option<String>,
+    /// Serve the s3 shares as buckets at URL: https://ADDR:PORT (with the API's
+    /// certificate) or http://ADDR:PORT
+    #[arg(long, value_name = "URL")]
+    pub s3: Option<String>,
+    /// Where buckets created through S3 go, as PARENT/BUCKET (default: <first pool>/s3)
+    #[arg(long, value_name = "DATASET", requires = "s3")]
+    pub s3_parent: Option<String>,
+    /// The domain of virtual-hosted-style requests (BUCKET.DOMAIN); path-style always works
+    #[arg(long, value_name = "DOMAIN", requires = "s3")]
+    pub s3_domain: Option<String>,
+    /// The region clients sign for
+    #[arg(
+        long,
+        value_name = "REGION",
+        default_value = "us-east-1",
+        requires = "s3"
+    )]
+    pub s3_region: String,
 }
 
 /// The API's address when none is given: loopback, port 8443.
@@ -335,6 +354,45 @@ pub fn run(a: ServeArgs) -> Result<()> {
             Some(server)
         }
     };
+    let s3 = match &a.s3 {
+        None => None,
+        Some(spec) => {
+            let (https, rest) = if let Some(r) = spec.strip_prefix("https://") {
+                (true, r)
+            } else if let Some(r) = spec.strip_prefix("http://") {
+                (false, r)
+            } else {
+                (true, spec.as_str())
+            };
+            let addr: std::net::SocketAddr = rest.trim_end_matches('/').parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid --s3 '{spec}': give https://ADDR:PORT or http://ADDR:PORT, e.g. https://127.0.0.1:9000"
+                )
+            })?;
+            let tls = if https {
+                let files = tank_api::tls::files(
+                    &dir,
+                    a.api_cert.as_deref().map(crate::out::resolve).as_deref(),
+                    a.api_key.as_deref().map(crate::out::resolve).as_deref(),
+                )?;
+                Some(tank_api::tls::server_config(&files)?)
+            } else {
+                None
+            };
+            let opts = tank_s3::S3Options {
+                addr,
+                tls,
+                domain: a.s3_domain.clone(),
+                settings: tank_s3::Settings {
+                    region: a.s3_region.clone(),
+                    parent: a.s3_parent.clone(),
+                },
+            };
+            let server = tank_s3::start(svc.clone(), opts).context("cannot serve S3")?;
+            println!("s3: {}", server.url());
+            Some(server)
+        }
+    };
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     // Anyone on the host may connect; each request is authorized for the uid the kernel
@@ -369,6 +427,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     if let Some(nfs) = nfs {
         nfs.stop();
+    }
+    if let Some(s3) = s3 {
+        s3.stop();
     }
     let _ = std::fs::remove_file(&sock);
     let names: Vec<String> = svc.open_pools().iter().map(|o| o.pool.name()).collect();
