@@ -26,6 +26,24 @@
 //! filesystem, syncs and exports every pool (they stay in the cache file, so the next start
 //! imports them), removes the socket and exits.
 
+/// A line of the daemon's log on stdout. A reader that went away (a closed pipe) loses the
+/// line and the daemon goes on: `println!` would panic, and a daemon that dies on its way
+/// out leaves its mounts dead and its pools not exported.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// The same on stderr.
+macro_rules! say_err {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
@@ -129,7 +147,7 @@ fn answer(svc: &Service, uid: u32, line: &str) -> Reply {
     let caller = match svc.local_caller(uid) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("refused {} from uid {uid}: {e}", env.request.op());
+            say_err!("refused {} from uid {uid}: {e}", env.request.op());
             return error_reply(&e);
         }
     };
@@ -143,7 +161,7 @@ fn answer(svc: &Service, uid: u32, line: &str) -> Reply {
             ) {
                 // The refusal names what was refused; the request is not named again (that
                 // would cost a serialization of every request, large ones included).
-                eprintln!("refused a request from uid {uid}: {e}");
+                say_err!("refused a request from uid {uid}: {e}");
             }
             error_reply(&e)
         }
@@ -204,16 +222,16 @@ fn mount_all(svc: &Service) {
                 .is_ok_and(|r| r.kind == DatasetKind::Filesystem);
             let mp = opened.dsl.prop(id, "mountpoint").unwrap_or_default();
             if is_fs && (mp == "none" || mp == "legacy" || mp.is_empty()) {
-                println!(
+                say!(
                     "not mounting {root}: its mountpoint is '{mp}' (set one with 'tank dataset set mountpoint=/PATH {root}')"
                 );
             }
         }
         for line in svc.mount_pool(&opened) {
             if line.starts_with("warning:") {
-                eprintln!("{line}");
+                say_err!("{line}");
             } else {
-                println!("{line}");
+                say!("{line}");
             }
         }
     }
@@ -238,7 +256,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let _ = std::fs::remove_file(&sock);
     if PoolCache::load(&dir)?.pools.is_empty() && ensure_default_pool()? {
-        println!(
+        say!(
             "created pool '{DEFAULT_POOL}': raidz2 of 6 sparse file devices of {} in {}",
             human(DEFAULT_DEVICE_SIZE),
             dir.join("devices").display()
@@ -247,9 +265,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.fuse_io_uring {
         match tank_fuse::enable_kernel_io_uring() {
             Ok(()) => {
-                println!("FUSE over io_uring: on (mounts serve each request on its caller's CPU)")
+                say!("FUSE over io_uring: on (mounts serve each request on its caller's CPU)")
             }
-            Err(e) => eprintln!("warning: FUSE over io_uring stays off: {e}"),
+            Err(e) => say_err!("warning: FUSE over io_uring stays off: {e}"),
         }
     }
     let svc = Arc::new(Service::new(&dir, Mode::Daemon));
@@ -260,17 +278,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let opened = match svc.open(&entry.name) {
             Ok((o, notes)) => {
                 for n in notes {
-                    eprintln!("{n}");
+                    say_err!("{n}");
                 }
                 o
             }
             Err(e) => {
-                eprintln!("warning: cannot import pool '{}': {e}", entry.name);
+                say_err!("warning: cannot import pool '{}': {e}", entry.name);
                 continue;
             }
         };
         let space = opened.pool.space();
-        println!(
+        say!(
             "imported pool '{}' ({}, {} usable)",
             entry.name,
             opened.pool.state(),
@@ -282,13 +300,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     opened
                         .pool
                         .log_history("tank serve (finish the default pool's set-up)");
-                    println!(
+                    say!(
                         "finished the set-up of pool '{DEFAULT_POOL}': its root mounts at {}",
                         mp.display()
                     );
                 }
                 Ok(None) => {}
-                Err(e) => eprintln!(
+                Err(e) => say_err!(
                     "warning: cannot set the mountpoint of '{DEFAULT_POOL}': {}",
                     crate::out::chain(&e)
                 ),
@@ -320,18 +338,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         match tank_api::start(svc.clone(), &dir, &opts) {
             Ok(server) => {
                 if server.generated {
-                    println!(
+                    say!(
                         "made a self-signed certificate for the API: {}",
                         server.cert.display()
                     );
                 }
-                println!("api: {}", server.url());
+                say!("api: {}", server.url());
                 Some(server)
             }
             // The default port may be taken by something else: the daemon still serves
             // its pools and the local socket, and says why the API is not there.
             Err(e) if a.api == DEFAULT_API => {
-                eprintln!(
+                say_err!(
                     "warning: no HTTPS API: {} (choose another address with --api)",
                     crate::out::chain(&e)
                 );
@@ -349,8 +367,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 )
             })?;
             let server = tank_nfs::start(svc.clone(), addr).context("cannot serve NFS")?;
-            println!("nfs: {}", server.local_addr());
-            println!("nfs portmapper: {}", server.portmap());
+            say!("nfs: {}", server.local_addr());
+            say!("nfs portmapper: {}", server.portmap());
             Some(server)
         }
     };
@@ -389,7 +407,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 },
             };
             let server = tank_s3::start(svc.clone(), opts).context("cannot serve S3")?;
-            println!("s3: {}", server.url());
+            say!("s3: {}", server.url());
             Some(server)
         }
     };
@@ -402,7 +420,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
             .with_context(|| format!("cannot open {} to local users", sock.display()))?;
     }
-    println!(
+    say!(
         "listening on {} (stop with Ctrl-C or SIGTERM)",
         sock.display()
     );
@@ -413,14 +431,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 let svc = svc.clone();
                 std::thread::spawn(move || {
                     if let Err(e) = serve_connection(stream, &svc) {
-                        eprintln!("warning: client request failed: {}", crate::out::chain(&e));
+                        say_err!("warning: client request failed: {}", crate::out::chain(&e));
                     }
                 });
             }
         });
     }
     let sig = signals.forever().next();
-    println!("signal {}: stopping", sig.unwrap_or(0));
+    say!("signal {}: stopping", sig.unwrap_or(0));
     // No new requests: the API first (requests in flight finish), then the socket.
     if let Some(api) = api {
         api.stop();
@@ -435,11 +453,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let names: Vec<String> = svc.open_pools().iter().map(|o| o.pool.name()).collect();
     let problems = svc.shutdown(true);
     for p in &problems {
-        eprintln!("warning: {p}");
+        say_err!("warning: {p}");
     }
     for n in names {
         if !problems.iter().any(|p| p.contains(&format!("'{n}'"))) {
-            println!("exported pool '{n}'");
+            say!("exported pool '{n}'");
         }
     }
     // Let client threads finish their replies.
