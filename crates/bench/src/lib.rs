@@ -20,6 +20,7 @@ pub mod nfs_client;
 pub mod plan;
 pub mod profile;
 pub mod run;
+pub mod s3_client;
 
 pub use plan::{Assessment, Layout, PlanInput, VdevType, Workload};
 pub use profile::{DeviceProfile, DiskKind, HddModel, SsdModel};

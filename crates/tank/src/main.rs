@@ -28,7 +28,7 @@ mod mounts;
 
 use clap::{Parser, Subcommand};
 use tank_bench::run::{
-    cache as bench_cache, engine as bench, fs as fsbench, nfs as bench_nfs, plan,
+    cache as bench_cache, engine as bench, fs as fsbench, nfs as bench_nfs, plan, s3 as bench_s3,
     scrub as bench_scrub, sync as bench_sync,
 };
 
@@ -112,6 +112,9 @@ enum Command {
     /// The NFS server against nfs-ganesha on the same disk and against the engine's own
     /// rate: a large file copied in and out, small files created, read and removed.
     BenchNfs(bench_nfs::NfsBenchArgs),
+    /// The S3 endpoint against MinIO on the same disk: PUT and GET of 4 KiB and 4 MiB
+    /// objects by parallel clients, with latency and CPU per GiB.
+    BenchS3(bench_s3::S3BenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -158,6 +161,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchSync(a) => bench_sync::run(a),
         Command::BenchApi(a) => bench_api::run(a),
         Command::BenchNfs(a) => bench_nfs::run(a),
+        Command::BenchS3(a) => bench_s3::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),

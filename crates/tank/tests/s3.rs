@@ -594,3 +594,165 @@ print(f"crash check: {n} checks passed", flush=True)
         assert!(left.is_empty(), "bodies in flight were left: {left:?}");
     }
 }
+
+/// Over HTTPS with the daemon's certificate (boto3 verifying it), path style, and virtual-
+/// hosted style with `--s3-domain` (BUCKET.DOMAIN, resolved to 127.0.0.1 by curl); a
+/// request whose signature names another bucket is refused.
+#[test]
+fn s3_serves_https_and_virtual_hosted_buckets() {
+    const NAME: &str = "s3_serves_https_and_virtual_hosted_buckets";
+    if let Some(why) = boto3_missing() {
+        return skipped(NAME, &why);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args([
+            "serve",
+            "--no-api",
+            "--s3",
+            "https://127.0.0.1:0",
+            "--s3-domain",
+            "s3.tank.test",
+        ])
+        .env("TANK_DATA_DIR", &data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut url = None;
+    for line in out.lines().map_while(Result::ok) {
+        if let Some(a) = line.strip_prefix("s3: ") {
+            url = Some(a.to_string());
+        }
+        if line.starts_with("listening on ") {
+            break;
+        }
+    }
+    let d = Daemon {
+        child,
+        url: url.expect("the daemon printed its S3 URL"),
+    };
+    assert!(d.url.starts_with("https://127.0.0.1:"), "{}", d.url);
+    let port = d.url.rsplit(':').next().unwrap().to_string();
+    let cert = data.join("tls/cert.pem");
+    assert!(cert.exists(), "the daemon's certificate");
+    let (ak, sk) = user_with_key(&data, "alice", true);
+    let script = r#"
+import sys, boto3, subprocess
+from botocore.config import Config
+url, ak, sk, cert, port = sys.argv[1:6]
+s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id=ak, aws_secret_access_key=sk,
+                  region_name="us-east-1", verify=cert, config=Config(s3={"addressing_style": "path"}))
+s3.create_bucket(Bucket="vhost")
+s3.put_object(Bucket="vhost", Key="dir/file.txt", Body=b"over https")
+assert s3.get_object(Bucket="vhost", Key="dir/file.txt")["Body"].read() == b"over https"
+# Virtual-hosted style: the bucket in the host name, signed for it.
+v = boto3.client("s3", endpoint_url=f"https://s3.tank.test:{port}", aws_access_key_id=ak,
+                 aws_secret_access_key=sk, region_name="us-east-1",
+                 config=Config(s3={"addressing_style": "virtual"}, signature_version="s3v4"))
+u = v.generate_presigned_url("get_object", Params={"Bucket": "vhost", "Key": "dir/file.txt"}, ExpiresIn=60)
+assert u.startswith(f"https://vhost.s3.tank.test:{port}/dir/file.txt?"), u
+def curl(u):
+    r = subprocess.run(["curl", "-sk", "--resolve", f"vhost.s3.tank.test:{port}:127.0.0.1",
+                        "--resolve", f"other.s3.tank.test:{port}:127.0.0.1",
+                        "-o", "-", "-w", "\n%{http_code}", u], capture_output=True, timeout=60)
+    body, code = r.stdout.rsplit(b"\n", 1)
+    return body, int(code)
+body, code = curl(u)
+assert code == 200 and body == b"over https", (code, body)
+# The same signature sent to another bucket's host: refused.
+body, code = curl(u.replace("vhost.s3", "other.s3"))
+assert code == 403, (code, body)
+print("https and virtual hosts: ok", flush=True)
+"#;
+    let out = ok(
+        Command::new("python3").args([
+            "-c",
+            script,
+            &d.url,
+            &ak,
+            &sk,
+            cert.to_str().unwrap(),
+            &port,
+        ]),
+        "the HTTPS and virtual-host checks",
+    );
+    assert!(out.contains("ok"), "{out}");
+}
+
+/// A bucket whose dataset's quota is full refuses a PUT with InsufficientStorage and keeps
+/// nothing of it; what was there is intact, and the bucket takes writes again once space
+/// is freed.
+#[test]
+fn s3_a_full_quota_is_a_clean_error() {
+    const NAME: &str = "s3_a_full_quota_is_a_clean_error";
+    if let Some(why) = boto3_missing() {
+        return skipped(NAME, &why);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = serve(&data, "http://127.0.0.1:0");
+    let (ak, sk) = user_with_key(&data, "alice", true);
+    tank(&data, &["dataset", "create", "tank/small"], None);
+    tank(
+        &data,
+        &[
+            "dataset",
+            "set",
+            "quota=24M",
+            "compression=off",
+            "tank/small",
+        ],
+        None,
+    );
+    tank(
+        &data,
+        &[
+            "share",
+            "add",
+            "s3",
+            "small",
+            "tank/small",
+            "-o",
+            "users=alice",
+        ],
+        None,
+    );
+    let script = r#"
+import sys, os, time, boto3, botocore
+from botocore.config import Config
+url, ak, sk = sys.argv[1:4]
+s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id=ak, aws_secret_access_key=sk,
+                  region_name="us-east-1", config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+first = os.urandom(12 << 20)
+s3.put_object(Bucket="small", Key="first", Body=first)
+code = None
+try:
+    s3.put_object(Bucket="small", Key="second", Body=os.urandom(40 << 20))
+except botocore.exceptions.ClientError as e:
+    code = e.response["Error"]["Code"]
+assert code == "InsufficientStorage", code
+assert s3.get_object(Bucket="small", Key="first")["Body"].read() == first, "the first object changed"
+keys = [o["Key"] for o in s3.list_objects_v2(Bucket="small").get("Contents", [])]
+assert keys == ["first"], keys
+s3.delete_object(Bucket="small", Key="first")
+# The space of what was deleted is free once its txg is synced.
+for _ in range(50):
+    try:
+        s3.put_object(Bucket="small", Key="after", Body=os.urandom(8 << 20))
+        break
+    except botocore.exceptions.ClientError as e:
+        assert e.response["Error"]["Code"] == "InsufficientStorage", e
+        time.sleep(0.2)
+else:
+    raise AssertionError("the bucket stayed full after its object was deleted")
+print("quota: ok", flush=True)
+"#;
+    let out = ok(
+        Command::new("python3").args(["-c", script, &d.url, &ak, &sk]),
+        "the full-quota checks",
+    );
+    assert!(out.contains("quota: ok"), "{out}");
+}

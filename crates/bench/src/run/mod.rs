@@ -1,5 +1,5 @@
 //! The benchmark commands' runners (`tank bench`, `bench-engine`, `bench-scrub`,
-//! `bench-cache`, `bench-sync`, `bench-nfs`, `plan`): their arguments, their pools of scratch devices,
+//! `bench-cache`, `bench-sync`, `bench-nfs`, `bench-s3`, `plan`): their arguments, their pools of scratch devices,
 //! their measurements and their reports. The binary only parses the command line and calls
 //! `run`.
 //!
@@ -19,6 +19,7 @@ pub mod fs;
 pub mod mounts;
 pub mod nfs;
 pub mod plan;
+pub mod s3;
 pub mod scrub;
 pub mod sync;
 pub mod util;
