@@ -172,17 +172,18 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
     let mut b = S3ServiceBuilder::new(backend);
     b.set_auth(KeyAuth { svc: svc.clone() });
     b.set_access(Access);
+    let std_listener = std::net::TcpListener::bind(opts.addr)
+        .with_context(|| format!("cannot listen on {}", opts.addr))?;
+    std_listener.set_nonblocking(true)?;
+    let addr = std_listener.local_addr()?;
     if let Some(d) = &opts.domain {
-        let port = opts.addr.port();
+        // Clients send the port in Host unless it is the scheme's default.
+        let port = addr.port();
         let host = s3s::host::MultiDomain::new([d.clone(), format!("{d}:{port}")])
             .map_err(|e| anyhow::anyhow!("invalid S3 domain '{d}': {e:?}"))?;
         b.set_host(host);
     }
     let service = b.build();
-    let std_listener = std::net::TcpListener::bind(opts.addr)
-        .with_context(|| format!("cannot listen on {}", opts.addr))?;
-    std_listener.set_nonblocking(true)?;
-    let addr = std_listener.local_addr()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(64)
