@@ -571,3 +571,129 @@ pub async fn list_uploads(
         ..ListMultipartUploadsOutput::default()
     }))
 }
+
+/// A part copied from an object (all of it, or `bytes=FIRST-LAST` of it), in this bucket or
+/// another the caller may read.
+pub async fn upload_part_copy(
+    s: &TankS3,
+    req: S3Request<UploadPartCopyInput>,
+) -> S3Result<S3Response<UploadPartCopyOutput>> {
+    let p = s.principal(req.credentials.as_ref())?;
+    let i = req.input;
+    if !(1..=10_000).contains(&i.part_number) {
+        return Err(s3_error!(InvalidArgument, "a part number is 1 to 10,000"));
+    }
+    let CopySource::Bucket {
+        bucket: sb,
+        key: sk,
+        version_id: _,
+    } = &i.copy_source
+    else {
+        return Err(s3_error!(NotImplemented, "copies from access points"));
+    };
+    let (_sbk, sfs) = s.bucket(sb, &p, false)?;
+    let (_b, fs) = s.bucket(&i.bucket, &p, true)?;
+    let id = i.upload_id.clone();
+    let (dir, up) = blocking(fs.clone(), move |f| upload_dir(f, &id))
+        .await
+        .map_err(s3_errno)?
+        .ok_or_else(no_upload)?;
+    if up.key != i.key {
+        return Err(no_upload());
+    }
+    let k = sk.to_string();
+    let src = blocking(sfs.clone(), move |f| store::find(f, &k))
+        .await
+        .map_err(s3_errno)?
+        .ok_or_else(|| s3_error!(NoSuchKey, "The specified key does not exist."))?;
+    crate::ops::preconditions(
+        &src,
+        i.copy_source_if_match.as_ref(),
+        i.copy_source_if_none_match.as_ref(),
+        i.copy_source_if_modified_since.as_ref(),
+        i.copy_source_if_unmodified_since.as_ref(),
+        s3s::S3ErrorCode::PreconditionFailed,
+    )?;
+    let (start, end) = match i.copy_source_range.as_deref() {
+        None => (0, src.size),
+        Some(r) => {
+            let bad = || {
+                s3_error!(
+                    InvalidArgument,
+                    "x-amz-copy-source-range is bytes=FIRST-LAST"
+                )
+            };
+            let (a, b) = r
+                .strip_prefix("bytes=")
+                .and_then(|x| x.split_once('-'))
+                .ok_or_else(bad)?;
+            let (a, b): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+            if a > b || b >= src.size {
+                return Err(s3_error!(
+                    InvalidRange,
+                    "The requested range is not satisfiable"
+                ));
+            }
+            (a, b + 1)
+        }
+    };
+    if end - start > MAX_PART {
+        return Err(s3_error!(EntityTooLarge, "a part has at most 5 GiB"));
+    }
+    let (s_ino, num) = (src.ino, i.part_number);
+    let sfs2 = sfs.clone();
+    let (etag, mtime) = blocking(fs, move |f| {
+        let (tmp, n, ino) = store::begin(f)?;
+        let r = (|| {
+            store::open(&sfs2, s_ino)?;
+            let mut h = Md5::new();
+            let copied = (|| {
+                let mut at = start;
+                while at < end {
+                    let want = (end - at).min(u64::from(store::PIECE)) as u32;
+                    let v = store::read(&sfs2, s_ino, at, want)?;
+                    if v.is_empty() {
+                        return Err(Errno::EIO);
+                    }
+                    h.update(&v);
+                    store::write(f, ino, at - start, &v)?;
+                    at += v.len() as u64;
+                }
+                Ok(())
+            })();
+            store::close(&sfs2, s_ino);
+            copied?;
+            let etag = hex::encode(h.finalize());
+            let part = Part {
+                etag: etag.clone(),
+                size: end - start,
+            };
+            let v = serde_json::to_vec(&part).map_err(|_| Errno::EIO)?;
+            f.setxattr(&root(), ino, OsStr::new(PART), &v, XattrMode::Any)?;
+            f.rename(
+                &root(),
+                tmp,
+                OsStr::new(&n),
+                dir,
+                OsStr::new(&part_name(num)),
+                RenameFlags::default(),
+            )?;
+            f.fsync(ino, false)?;
+            Ok((etag, f.getattr(ino)?.mtime))
+        })();
+        if r.is_err() {
+            store::discard(f, tmp, &n);
+        }
+        r
+    })
+    .await
+    .map_err(s3_errno)?;
+    Ok(S3Response::new(UploadPartCopyOutput {
+        copy_part_result: Some(CopyPartResult {
+            e_tag: Some(ETag::Strong(etag)),
+            last_modified: Some(ts(mtime)),
+            ..CopyPartResult::default()
+        }),
+        ..UploadPartCopyOutput::default()
+    }))
+}

@@ -1235,6 +1235,62 @@ impl S3 for TankS3 {
         }))
     }
 
+    async fn get_object_tagging(
+        &self,
+        req: S3Request<GetObjectTaggingInput>,
+    ) -> S3Result<S3Response<GetObjectTaggingOutput>> {
+        let p = self.principal(req.credentials.as_ref())?;
+        let i = req.input;
+        check_key(&i.key)?;
+        let (_b, fs) = self.bucket(&i.bucket, &p, false)?;
+        let o = self.find(&fs, &i.key).await?;
+        Ok(S3Response::new(GetObjectTaggingOutput {
+            tag_set: tags_of(o.meta.tagging.as_deref()),
+            version_id: None,
+        }))
+    }
+
+    async fn put_object_tagging(
+        &self,
+        req: S3Request<PutObjectTaggingInput>,
+    ) -> S3Result<S3Response<PutObjectTaggingOutput>> {
+        let p = self.principal(req.credentials.as_ref())?;
+        let i = req.input;
+        check_key(&i.key)?;
+        let tagging = tagging_of(&i.tagging.tag_set)?;
+        self.set_tagging(&p, &i.bucket, &i.key, tagging).await?;
+        Ok(S3Response::new(PutObjectTaggingOutput::default()))
+    }
+
+    async fn delete_object_tagging(
+        &self,
+        req: S3Request<DeleteObjectTaggingInput>,
+    ) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
+        let p = self.principal(req.credentials.as_ref())?;
+        let i = req.input;
+        check_key(&i.key)?;
+        self.set_tagging(&p, &i.bucket, &i.key, None).await?;
+        Ok(S3Response::new(DeleteObjectTaggingOutput::default()))
+    }
+
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        let p = self.principal(req.credentials.as_ref())?;
+        self.bucket(&req.input.bucket, &p, false)?;
+        // Versioning is not served yet: a bucket has never had it on, which S3 tells as
+        // no status at all.
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        multipart::upload_part_copy(self, req).await
+    }
+
     async fn create_multipart_upload(
         &self,
         req: S3Request<CreateMultipartUploadInput>,
@@ -1275,6 +1331,100 @@ impl S3 for TankS3 {
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         multipart::list_uploads(self, req).await
+    }
+}
+
+/// The most tags an object has (S3's limit), and their sizes.
+const MAX_TAGS: usize = 10;
+const MAX_TAG_KEY: usize = 128;
+const MAX_TAG_VALUE: usize = 256;
+
+fn url_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%' && i + 3 <= b.len())
+            .then(|| std::str::from_utf8(&b[i + 1..i + 3]).ok())
+            .flatten()
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (hex, b[i]) {
+            (Some(v), _) => {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+            (None, b'+') => out.push(b' '),
+            (None, c) => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The tags of a stored `x-amz-tagging` string.
+fn tags_of(tagging: Option<&str>) -> TagSet {
+    tagging
+        .unwrap_or("")
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            Tag {
+                key: Some(url_decode(k)),
+                value: Some(url_decode(v)),
+            }
+        })
+        .collect()
+}
+
+/// A tag set as the stored string, checked against S3's limits.
+fn tagging_of(tags: &TagSet) -> S3Result<Option<String>> {
+    if tags.len() > MAX_TAGS {
+        return Err(s3_error!(InvalidTag, "an object has at most 10 tags"));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut parts = Vec::new();
+    for t in tags {
+        let k = t.key.as_deref().unwrap_or("");
+        let v = t.value.as_deref().unwrap_or("");
+        if k.is_empty() || k.len() > MAX_TAG_KEY || v.len() > MAX_TAG_VALUE {
+            return Err(s3_error!(
+                InvalidTag,
+                "a tag key has 1 to 128 bytes and its value at most 256"
+            ));
+        }
+        if !seen.insert(k) {
+            return Err(s3_error!(
+                InvalidTag,
+                "Cannot provide multiple Tags with the same key"
+            ));
+        }
+        parts.push(format!("{}={}", url_encode(k), url_encode(v)));
+    }
+    Ok((!parts.is_empty()).then(|| parts.join("&")))
+}
+
+impl TankS3 {
+    async fn set_tagging(
+        &self,
+        p: &Principal,
+        bucket: &str,
+        key: &str,
+        tagging: Option<String>,
+    ) -> S3Result<()> {
+        let (_b, fs) = self.bucket(bucket, p, true)?;
+        let k = key.to_string();
+        let done = blocking(fs, move |f| {
+            let Some(o) = store::find(f, &k)? else {
+                return Ok(None);
+            };
+            store::set_meta(f, &k, Meta { tagging, ..o.meta })
+        })
+        .await
+        .map_err(s3_errno)?;
+        done.map(|_| ())
+            .ok_or_else(|| s3_error!(NoSuchKey, "The specified key does not exist."))
     }
 }
 

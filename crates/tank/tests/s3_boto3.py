@@ -174,6 +174,37 @@ out = io.BytesIO()
 admin.download_fileobj("work", "managed.bin", out)
 check(out.getvalue() == big, "managed transfer")
 
+# UploadPartCopy: a part copied whole, and one from a byte range of an object.
+src = os.urandom(6 << 20)
+admin.put_object(Bucket="work", Key="pc/src", Body=src)
+uid = admin.create_multipart_upload(Bucket="work", Key="pc/dst")["UploadId"]
+e1 = admin.upload_part_copy(Bucket="work", Key="pc/dst", UploadId=uid, PartNumber=1,
+                            CopySource={"Bucket": "work", "Key": "pc/src"})["CopyPartResult"]["ETag"]
+e2 = admin.upload_part_copy(Bucket="work", Key="pc/dst", UploadId=uid, PartNumber=2,
+                            CopySource={"Bucket": "work", "Key": "pc/src"}, CopySourceRange="bytes=100-1099")["CopyPartResult"]["ETag"]
+check(e1 == f'"{hashlib.md5(src).hexdigest()}"', "a copied part's ETag")
+check(code_of(lambda: admin.upload_part_copy(Bucket="work", Key="pc/dst", UploadId=uid, PartNumber=3,
+      CopySource={"Bucket": "work", "Key": "pc/src"}, CopySourceRange=f"bytes=0-{len(src)}")) == "InvalidRange", "range past the end")
+admin.complete_multipart_upload(Bucket="work", Key="pc/dst", UploadId=uid, MultipartUpload={
+    "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+check(admin.get_object(Bucket="work", Key="pc/dst")["Body"].read() == src + src[100:1100], "copied parts")
+
+# Object tagging, and versioning as never enabled.
+admin.put_object(Bucket="work", Key="tagged", Body=b"t", Tagging="a=1&b=two%20words")
+check(admin.head_object(Bucket="work", Key="tagged")["ResponseMetadata"]["HTTPHeaders"].get("x-amz-tagging-count") in (None, "2"), "tag count")
+tags = {t["Key"]: t["Value"] for t in admin.get_object_tagging(Bucket="work", Key="tagged")["TagSet"]}
+check(tags == {"a": "1", "b": "two words"}, f"tags {tags}")
+admin.put_object_tagging(Bucket="work", Key="tagged", Tagging={"TagSet": [{"Key": "x/y", "Value": "z&w"}]})
+tags = {t["Key"]: t["Value"] for t in admin.get_object_tagging(Bucket="work", Key="tagged")["TagSet"]}
+check(tags == {"x/y": "z&w"}, f"tags replaced {tags}")
+check(admin.get_object(Bucket="work", Key="tagged")["Body"].read() == b"t", "tagging keeps the bytes")
+check(code_of(lambda: admin.put_object_tagging(Bucket="work", Key="tagged", Tagging={"TagSet": [
+    {"Key": f"k{i}", "Value": "v"} for i in range(11)]})) == "InvalidTag", "11 tags")
+admin.delete_object_tagging(Bucket="work", Key="tagged")
+check(admin.get_object_tagging(Bucket="work", Key="tagged")["TagSet"] == [], "tags deleted")
+check(code_of(lambda: admin.get_object_tagging(Bucket="work", Key="nope")) == "NoSuchKey", "tags of nothing")
+check("Status" not in admin.get_bucket_versioning(Bucket="work"), "versioning never enabled")
+
 # Concurrent PUTs of one key: one whole winner.
 bodies = [bytes([i]) * (1 << 20) for i in range(8)]
 with concurrent.futures.ThreadPoolExecutor(8) as ex:
