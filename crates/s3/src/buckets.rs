@@ -27,13 +27,40 @@ pub struct Bucket {
     pub name: String,
     pub dataset: String,
     pub readonly: bool,
-    /// Anyone may read (GET, HEAD, list) without signing.
+    /// Anyone may read the objects (GET, HEAD) without signing.
     pub public: bool,
+    /// And list them.
+    pub public_list: bool,
     pub users: Vec<String>,
     pub groups: Vec<String>,
+    /// S3 versioning: what a PUT or DELETE does to the version before it.
+    pub versioning: Versioning,
+    /// Object Lock: versions may carry a retention or a legal hold.
+    pub object_lock: bool,
     /// When the share was made (seconds since 1970), as ListBuckets tells it.
     pub created: i64,
     hold: Hold,
+}
+
+/// A bucket's versioning state (the share's `versioning` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Versioning {
+    /// Never enabled: one object per key, replaced in place.
+    Off,
+    /// Every PUT makes a new version and a DELETE a delete marker.
+    Enabled,
+    /// New writes are the "null" version; versions kept before stay.
+    Suspended,
+}
+
+impl Versioning {
+    pub fn of(option: Option<&str>) -> Versioning {
+        match option {
+            Some("enabled") => Versioning::Enabled,
+            Some("suspended") => Versioning::Suspended,
+            _ => Versioning::Off,
+        }
+    }
 }
 
 /// Who is asking: an account (with its groups), or nobody (an unsigned request).
@@ -74,6 +101,11 @@ impl Bucket {
         self.public || self.member(p)
     }
 
+    /// Whether `p` may list the bucket's objects.
+    pub fn may_list(&self, p: &Principal) -> bool {
+        self.public_list || self.member(p)
+    }
+
     /// Whether `p` may change the bucket's objects.
     pub fn may_write(&self, p: &Principal) -> bool {
         !self.readonly && self.member(p)
@@ -93,12 +125,18 @@ impl Bucket {
 
 /// The buckets of a service's `s3` shares.
 pub struct Buckets {
+    /// Serialize the changes of one key in a versioned bucket (its current object and its
+    /// versions move together), striped by the key's hash.
+    keys: Vec<parking_lot::Mutex<()>>,
     svc: Arc<Service>,
     table: RwLock<BTreeMap<String, Arc<Bucket>>>,
     problems: RwLock<BTreeMap<String, String>>,
     me: Weak<Buckets>,
     stopped: std::sync::atomic::AtomicBool,
 }
+
+/// Stripes of the per-key locks.
+const KEY_LOCKS: usize = 256;
 
 /// A bucket's hold: a forced destroy withdraws the bucket at once.
 struct Withdraw {
@@ -132,6 +170,9 @@ impl Buckets {
     /// The buckets of `svc`'s shares now, kept in step with their changes.
     pub fn new(svc: Arc<Service>) -> Arc<Buckets> {
         let b = Arc::new_cyclic(|me| Buckets {
+            keys: (0..KEY_LOCKS)
+                .map(|_| parking_lot::Mutex::new(()))
+                .collect(),
             svc: svc.clone(),
             table: RwLock::new(BTreeMap::new()),
             problems: RwLock::new(BTreeMap::new()),
@@ -209,12 +250,27 @@ impl Buckets {
             name: s.name.clone(),
             dataset: s.dataset.clone(),
             readonly: s.options.get("readonly").map(String::as_str) == Some("on"),
-            public: s.options.get("public").map(String::as_str) == Some("read"),
+            public: matches!(
+                s.options.get("public").map(String::as_str),
+                Some("read" | "objects")
+            ),
+            public_list: s.options.get("public").map(String::as_str) == Some("read"),
             users: list_opt(s, "users"),
             groups: list_opt(s, "groups"),
+            versioning: Versioning::of(s.options.get("versioning").map(String::as_str)),
+            object_lock: s.options.get("object_lock").map(String::as_str) == Some("on"),
             created,
             hold,
         })
+    }
+
+    /// The lock of `key` in the dataset `dataset`.
+    pub fn key_lock(&self, dataset: &str, key: &str) -> parking_lot::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        dataset.hash(&mut h);
+        key.hash(&mut h);
+        self.keys[(h.finish() % KEY_LOCKS as u64) as usize].lock()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Bucket>> {
@@ -243,9 +299,12 @@ impl Buckets {
 fn same(b: &Bucket, s: &ShareInfo) -> bool {
     let o = |k: &str| s.options.get(k).map(String::as_str);
     b.readonly == (o("readonly") == Some("on"))
-        && b.public == (o("public") == Some("read"))
+        && b.public == matches!(o("public"), Some("read" | "objects"))
+        && b.public_list == (o("public") == Some("read"))
         && b.users == list_opt(s, "users")
         && b.groups == list_opt(s, "groups")
+        && b.versioning == Versioning::of(o("versioning"))
+        && b.object_lock == (o("object_lock") == Some("on"))
 }
 
 impl ShareWatcher for Buckets {

@@ -17,10 +17,15 @@
 //! client has 30 s to send a request's headers.
 
 pub mod buckets;
+pub mod cors;
 pub mod keys;
+pub mod lifecycle;
 pub mod multipart;
 pub mod ops;
+pub mod ops_bucket;
+pub mod ops_versions;
 pub mod store;
+pub mod versions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +52,9 @@ pub struct S3Options {
     pub domain: Option<String>,
     pub settings: Settings,
 }
+
+/// The largest browser POST upload (held in memory while it is checked).
+const MAX_POST: u64 = 64 << 20;
 
 /// Connections served at once.
 const MAX_CONNECTIONS: usize = 1024;
@@ -103,6 +111,19 @@ impl S3Access for Access {
         }
         Ok(())
     }
+
+    /// A PUT, or a browser's POST form (which s3s turns into a PUT), signed with Signature
+    /// Version 2 carries no region: refused as above (a form's signature is in its fields,
+    /// which `check` does not see).
+    async fn put_object(&self, req: &mut s3s::S3Request<s3s::dto::PutObjectInput>) -> S3Result<()> {
+        if req.credentials.is_some() && req.region.is_none() {
+            return Err(s3_error!(
+                AccessDenied,
+                "Signature Version 2 is not accepted: sign with Signature Version 4"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A running S3 endpoint.
@@ -112,6 +133,7 @@ pub struct S3Server {
     buckets: Arc<Buckets>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    lifecycle: Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
 }
 
 impl S3Server {
@@ -135,6 +157,10 @@ impl S3Server {
             let _ = s.send(());
         }
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some((stop, t)) = self.lifecycle.take() {
+            let _ = stop.send(());
             let _ = t.join();
         }
         self.buckets.clear();
@@ -162,6 +188,30 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
                     b.name, e.0
                 ),
             }
+            match multipart::clean_completed(&fs) {
+                Ok(0) => {}
+                Ok(n) => println!(
+                    "s3 bucket {}: removed the parts of {n} completed uploads",
+                    b.name
+                ),
+                Err(e) => eprintln!(
+                    "s3 bucket {}: cannot clean its completed uploads: errno {}",
+                    b.name, e.0
+                ),
+            }
+            // A versioned change cut short by the stop is finished (the newest version
+            // back in its key's place where the current one was removed).
+            match versions::settle_all(&fs) {
+                Ok(0) => {}
+                Ok(n) => println!(
+                    "s3 bucket {}: {n} keys back to their newest version",
+                    b.name
+                ),
+                Err(e) => eprintln!(
+                    "s3 bucket {}: cannot check its versions: errno {}",
+                    b.name, e.0
+                ),
+            }
         }
     }
     let backend = ops::TankS3 {
@@ -170,6 +220,13 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
         settings: opts.settings.clone(),
     };
     let mut b = S3ServiceBuilder::new(backend);
+    // A browser's POST upload is gathered in memory by s3s before it is checked: its size
+    // is bounded well below a PUT's.
+    let mut config = s3s::config::S3Config::default();
+    config.post_object_max_file_size = MAX_POST;
+    b.set_config(std::sync::Arc::new(s3s::config::StaticConfigProvider::new(
+        std::sync::Arc::new(config),
+    )));
     b.set_auth(KeyAuth { svc: svc.clone() });
     b.set_access(Access);
     let std_listener = std::net::TcpListener::bind(opts.addr)
@@ -184,6 +241,10 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
         b.set_host(host);
     }
     let service = b.build();
+    let cors = cors::Cors {
+        buckets: buckets.clone(),
+        domain: opts.domain.clone(),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(64)
@@ -206,18 +267,26 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
                     }
                 };
                 tokio::select! {
-                    () = serve(listener, tls, service, stats) => {}
+                    () = serve(listener, tls, service, stats, cors) => {}
                     _ = rx => {}
                 }
             });
             rt.shutdown_timeout(Duration::from_secs(5));
         })?;
+    let (stop, stopped) = std::sync::mpsc::channel();
+    let worker = lifecycle::spawn(
+        buckets.clone(),
+        opts.settings.lifecycle_interval,
+        opts.settings.lifecycle_day,
+        stopped,
+    )?;
     Ok(S3Server {
         addr,
         https: opts.tls.is_some(),
         buckets,
         shutdown: Some(tx),
         thread: Some(thread),
+        lifecycle: Some((stop, worker)),
     })
 }
 
@@ -226,6 +295,7 @@ async fn serve(
     tls: Option<Arc<rustls::ServerConfig>>,
     service: s3s::service::S3Service,
     stats: Arc<tank_service::stats::ProtocolStats>,
+    cors: cors::Cors,
 ) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -243,11 +313,12 @@ async fn serve(
             continue; // dropped: closed at once
         };
         let _ = tcp.set_nodelay(true);
-        let (service, acceptor, http, stats) = (
+        let (service, acceptor, http, stats, cors) = (
             service.clone(),
             acceptor.clone(),
             http.clone(),
             stats.clone(),
+            cors.clone(),
         );
         tokio::spawn(async move {
             let _slot = slot;
@@ -255,10 +326,26 @@ async fn serve(
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let service = service.clone();
                     let stats = stats.clone();
+                    let cors = cors.clone();
                     async move {
                         let op = format!("{} {}", req.method(), kind_of(req.uri().path()));
                         let start = Instant::now();
-                        let r = service.call(req.map(s3s::Body::from)).await;
+                        let method = req.method().clone();
+                        let origin = req
+                            .headers()
+                            .get(http::header::ORIGIN)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string);
+                        let bucket = cors.bucket_of(req.headers(), req.uri().path());
+                        let r = if method == http::Method::OPTIONS {
+                            Ok(cors.preflight(req.headers(), req.uri().path()).await)
+                        } else {
+                            let mut r = service.call(req.map(s3s::Body::from)).await;
+                            if let (Some(o), Some(b), Ok(resp)) = (&origin, &bucket, &mut r) {
+                                cors.decorate(b, o, &method, resp).await;
+                            }
+                            r
+                        };
                         let failed = r.as_ref().map_or(true, |resp| {
                             resp.status().is_server_error() || resp.status().is_client_error()
                         });

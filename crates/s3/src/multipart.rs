@@ -23,8 +23,10 @@ use serde::{Deserialize, Serialize};
 use tank_dataset::posix::{Cred, FileKind, Fs, Ino, RenameFlags, XattrMode};
 use tank_dataset::Errno;
 
-use crate::ops::{check_key, meta_of, receive, s3_errno, ts, Digests, TankS3};
-use crate::store::{self, blocking, Meta, NewObject, Res, UPLOAD};
+use crate::buckets::Versioning;
+use crate::ops::{check_key, lock_headers, meta_of, receive, s3_errno, ts, Digests, TankS3};
+use crate::store::{self, blocking, Meta, NewObject, Res, Retention, UPLOAD};
+use crate::versions;
 
 /// A part's attribute.
 const PART: &str = "user.s3.part";
@@ -41,6 +43,11 @@ struct Upload {
     initiator: String,
     /// Seconds since 1970.
     created: i64,
+    /// Object Lock asked for by the upload's headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    retention: Option<Retention>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    legal_hold: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -142,8 +149,16 @@ pub async fn create(
     let p = s.principal(req.credentials.as_ref())?;
     let i = req.input;
     check_key(&i.key)?;
-    let (_b, fs) = s.bucket(&i.bucket, &p, true)?;
+    let (b, fs) = s.bucket(&i.bucket, &p, true)?;
+    let (retention, legal_hold) = lock_headers(
+        &b,
+        i.object_lock_mode.as_ref(),
+        i.object_lock_retain_until_date.as_ref(),
+        i.object_lock_legal_hold_status.as_ref(),
+    )?;
     let up = Upload {
+        retention,
+        legal_hold,
         key: i.key.clone(),
         meta: meta_of(
             i.content_type,
@@ -349,7 +364,11 @@ pub async fn complete(
     let key = i.key.clone();
     let upload_id = i.upload_id.clone();
     let nparts = chosen.len() as u32;
+    let (versioning, object_lock) = (b.versioning, b.object_lock);
+    let (buckets, dataset) = (s.buckets.clone(), b.dataset.clone());
     let o = blocking(fs, move |f| {
+        let _key = (versioning != Versioning::Off).then(|| buckets.key_lock(&dataset, &key));
+        let lock = versions::lock_of(f, object_lock, up.retention.clone(), up.legal_hold)?;
         let (tmp, n, ino) = store::begin(f)?;
         let copied = (|| {
             let mut at = 0u64;
@@ -382,6 +401,9 @@ pub async fn complete(
                 meta: up.meta,
                 owner: up.owner,
                 parts: nparts,
+                versioning,
+                lock,
+                upload: Some(upload_id.clone()),
             },
         )?;
         // The object is durable; the upload goes (a crash before this leaves parts that
@@ -399,7 +421,8 @@ pub async fn complete(
     Ok(S3Response::new(CompleteMultipartUploadOutput {
         bucket: Some(i.bucket),
         key: Some(i.key),
-        e_tag: Some(ETag::Strong(o.etag)),
+        e_tag: Some(ETag::Strong(o.etag.clone())),
+        version_id: (versioning != Versioning::Off).then(|| o.version_id()),
         ..CompleteMultipartUploadOutput::default()
     }))
 }
@@ -440,7 +463,7 @@ pub async fn list_parts(
 ) -> S3Result<S3Response<ListPartsOutput>> {
     let p = s.principal(req.credentials.as_ref())?;
     let i = req.input;
-    let (_b, fs) = s.bucket(&i.bucket, &p, false)?;
+    let (_b, fs) = s.bucket_to_list(&i.bucket, &p)?;
     let id = i.upload_id.clone();
     let (found, all) = blocking(fs, move |f| {
         let Some((dir, up)) = upload_dir(f, &id)? else {
@@ -495,7 +518,7 @@ pub async fn list_uploads(
 ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
     let p = s.principal(req.credentials.as_ref())?;
     let i = req.input;
-    let (_b, fs) = s.bucket(&i.bucket, &p, false)?;
+    let (_b, fs) = s.bucket_to_list(&i.bucket, &p)?;
     let prefix = i.prefix.clone().unwrap_or_default();
     let mut all = blocking(fs, move |f| {
         let uploads = store::own_dir(f, "uploads")?;
@@ -586,7 +609,7 @@ pub async fn upload_part_copy(
     let CopySource::Bucket {
         bucket: sb,
         key: sk,
-        version_id: _,
+        version_id: sv,
     } = &i.copy_source
     else {
         return Err(s3_error!(NotImplemented, "copies from access points"));
@@ -601,11 +624,7 @@ pub async fn upload_part_copy(
     if up.key != i.key {
         return Err(no_upload());
     }
-    let k = sk.to_string();
-    let src = blocking(sfs.clone(), move |f| store::find(f, &k))
-        .await
-        .map_err(s3_errno)?
-        .ok_or_else(|| s3_error!(NoSuchKey, "The specified key does not exist."))?;
+    let src = s.find_version(&sfs, sk, sv.as_deref()).await?;
     crate::ops::preconditions(
         &src,
         i.copy_source_if_match.as_ref(),
@@ -696,4 +715,83 @@ pub async fn upload_part_copy(
         }),
         ..UploadPartCopyOutput::default()
     }))
+}
+
+/// Aborts the uploads of keys within `prefix` begun before `before` (seconds since 1970),
+/// as a lifecycle rule does: how many were aborted.
+pub fn abort_older(fs: &Fs, prefix: &str, before: i64) -> Res<usize> {
+    let uploads = store::own_dir(fs, "uploads")?;
+    let mut ids = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let batch = fs.readdir(&root(), uploads, cookie, 1024)?;
+        let Some(last) = batch.last() else { break };
+        cookie = last.cookie;
+        ids.extend(
+            batch
+                .into_iter()
+                .filter(|e| e.kind == FileKind::Dir)
+                .filter_map(|e| String::from_utf8(e.name).ok())
+                .filter(|n| n != "." && n != ".."),
+        );
+    }
+    let mut n = 0;
+    for id in ids {
+        if let Some((dir, up)) = upload_dir(fs, &id)? {
+            if up.key.starts_with(prefix) && up.created < before {
+                remove_upload(fs, &id, dir)?;
+                n += 1;
+            }
+        }
+    }
+    if n > 0 {
+        fs.fsync(uploads, false)?;
+    }
+    Ok(n)
+}
+
+/// Removes the uploads whose object was made and is durable but whose parts were not yet
+/// removed when the server stopped (a crash within a complete): how many.
+pub fn clean_completed(fs: &Fs) -> Res<usize> {
+    let Ok(own) = fs.lookup(
+        &root(),
+        tank_dataset::posix::ROOT_INO,
+        OsStr::new(crate::keys::OWN_DIR),
+    ) else {
+        return Ok(0);
+    };
+    let Ok(uploads) = fs.lookup(&root(), own.ino, OsStr::new("uploads")) else {
+        return Ok(0);
+    };
+    let mut ids = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let batch = fs.readdir(&root(), uploads.ino, cookie, 1024)?;
+        let Some(last) = batch.last() else { break };
+        cookie = last.cookie;
+        ids.extend(
+            batch
+                .into_iter()
+                .filter(|e| e.kind == FileKind::Dir)
+                .filter_map(|e| String::from_utf8(e.name).ok())
+                .filter(|n| n != "." && n != ".."),
+        );
+    }
+    let mut n = 0;
+    for id in ids {
+        let Some((dir, up)) = upload_dir(fs, &id)? else {
+            continue;
+        };
+        let done = versions::versions_of(fs, &up.key)?
+            .iter()
+            .any(|(o, _)| store::record_of(fs, o.ino).and_then(|r| r.upload) == Some(id.clone()));
+        if done {
+            remove_upload(fs, &id, dir)?;
+            n += 1;
+        }
+    }
+    if n > 0 {
+        fs.fsync(uploads.ino, false)?;
+    }
+    Ok(n)
 }

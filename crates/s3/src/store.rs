@@ -36,7 +36,9 @@ use tank_dataset::posix::{
 };
 use tank_dataset::Errno;
 
+use crate::buckets::Versioning;
 use crate::keys::{self, Place, OWN_DIR};
+use crate::versions;
 
 pub type Res<T> = Result<T, Errno>;
 
@@ -70,21 +72,43 @@ pub struct Meta {
     pub tagging: Option<String>,
 }
 
+/// An Object Lock retention: a version that may not be deleted before `until`
+/// (milliseconds since 1970); `mode` is `GOVERNANCE` or `COMPLIANCE`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    pub mode: String,
+    pub until: i64,
+}
+
 /// The record of an object, in its `user.s3` attribute.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Record {
-    etag: String,
+pub(crate) struct Record {
+    pub(crate) etag: String,
     /// The size and mtime the ETag describes.
-    size: u64,
-    mtime: (i64, u32),
+    pub(crate) size: u64,
+    pub(crate) mtime: (i64, u32),
     #[serde(default)]
-    meta: Meta,
+    pub(crate) meta: Meta,
     /// The key, for a key kept whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
+    pub(crate) key: Option<String>,
     /// Parts of a multipart upload (0: a single PUT).
     #[serde(default)]
-    parts: u32,
+    pub(crate) parts: u32,
+    /// The version's id in a versioned bucket (none: the "null" version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
+    /// A delete marker (in `.tank-s3/versions/` only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) marker: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) retention: Option<Retention>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) legal_hold: bool,
+    /// The multipart upload this object completed (its parts go once it is durable; a
+    /// crash between the two is finished at the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) upload: Option<String>,
 }
 
 /// An object found.
@@ -96,6 +120,19 @@ pub struct Obj {
     pub etag: String,
     pub meta: Meta,
     pub parts: u32,
+    /// The version's id (none: the "null" version).
+    pub version: Option<String>,
+    /// A delete marker.
+    pub marker: bool,
+    pub retention: Option<Retention>,
+    pub legal_hold: bool,
+}
+
+impl Obj {
+    /// The version id S3 tells: the id, or `null`.
+    pub fn version_id(&self) -> String {
+        self.version.clone().unwrap_or_else(|| "null".into())
+    }
 }
 
 fn root() -> Cred {
@@ -109,13 +146,24 @@ fn name(s: &str) -> &OsStr {
 /// The MD5 of nothing: the ETag of an empty object.
 pub const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
-/// The object at `ino`, from its record where it still describes the file.
-fn obj_of(fs: &Fs, ino: Ino) -> Res<Obj> {
-    let a = fs.getattr(ino)?;
-    let rec: Option<Record> = fs
-        .getxattr(&root(), ino, name(RECORD))
+/// The record kept with `ino`, if any.
+pub(crate) fn record_of(fs: &Fs, ino: Ino) -> Option<Record> {
+    fs.getxattr(&root(), ino, name(RECORD))
         .ok()
-        .and_then(|v| serde_json::from_slice(&v).ok());
+        .and_then(|v| serde_json::from_slice(&v).ok())
+}
+
+/// Writes `rec` as the record of `at`.
+pub(crate) fn put_record(fs: &Fs, rec: &Record, at: Ino) -> Res<()> {
+    let v = serde_json::to_vec(rec).map_err(|_| Errno::EIO)?;
+    fs.setxattr(&root(), at, name(RECORD), &v, XattrMode::Any)
+}
+
+/// The object at `ino`, from its record where it still describes the file. A version's
+/// id, retention and legal hold are its inode's whatever changed the bytes.
+pub(crate) fn obj_of(fs: &Fs, ino: Ino) -> Res<Obj> {
+    let a = fs.getattr(ino)?;
+    let rec: Option<Record> = record_of(fs, ino);
     let size = if a.kind == FileKind::Dir { 0 } else { a.size };
     let current = rec
         .as_ref()
@@ -139,6 +187,10 @@ fn obj_of(fs: &Fs, ino: Ino) -> Res<Obj> {
         mtime: a.mtime,
         etag,
         parts: rec.as_ref().filter(|_| current).map_or(0, |r| r.parts),
+        version: rec.as_ref().and_then(|r| r.version.clone()),
+        marker: rec.as_ref().is_some_and(|r| r.marker),
+        retention: rec.as_ref().and_then(|r| r.retention.clone()),
+        legal_hold: rec.as_ref().is_some_and(|r| r.legal_hold),
         meta: rec.map(|r| r.meta).unwrap_or_default(),
     })
 }
@@ -165,7 +217,7 @@ pub fn own_dir(fs: &Fs, sub: &str) -> Res<Ino> {
 }
 
 /// Walks `segments` from the root: the inode of the last one.
-fn walk(fs: &Fs, segments: &[String]) -> Res<Ino> {
+pub(crate) fn walk(fs: &Fs, segments: &[String]) -> Res<Ino> {
     let mut ino = ROOT_INO;
     for s in segments {
         ino = fs.lookup(&root(), ino, name(s))?.ino;
@@ -272,6 +324,13 @@ pub struct NewObject<'a> {
     pub meta: Meta,
     pub owner: (u32, u32),
     pub parts: u32,
+    /// What becomes of the key's object before this one.
+    pub versioning: Versioning,
+    /// Object Lock: the new version's retention and legal hold; in a lock bucket every
+    /// object is a read-only file of root's, which no other front end can change.
+    pub lock: Option<(Option<Retention>, bool)>,
+    /// The multipart upload this object completes.
+    pub upload: Option<String>,
 }
 
 /// Makes the received body (`tmp`/`n`, inode `ino`) the object `new.key`, durably.
@@ -291,26 +350,48 @@ pub fn commit(fs: &Fs, tmp: Ino, n: &str, ino: Ino, new: NewObject<'_>) -> Res<O
 }
 
 fn commit_inner(fs: &Fs, tmp: Ino, n: &str, ino: Ino, new: NewObject<'_>) -> Res<Obj> {
-    let set = SetAttr {
-        uid: Some(new.owner.0),
-        gid: Some(new.owner.1),
-        ..SetAttr::default()
+    let set = match new.lock {
+        Some(_) => SetAttr {
+            uid: Some(0),
+            gid: Some(0),
+            mode: Some(0o444),
+            ..SetAttr::default()
+        },
+        None => SetAttr {
+            uid: Some(new.owner.0),
+            gid: Some(new.owner.1),
+            ..SetAttr::default()
+        },
     };
     fs.setattr(&root(), ino, &set)?;
     let a = fs.getattr(ino)?;
-    let mut rec = Record {
+    let (retention, legal_hold) = new.lock.clone().unwrap_or((None, false));
+    let rec = Record {
         etag: new.etag,
         size: a.size,
         mtime: (a.mtime.sec, a.mtime.nsec),
         meta: new.meta,
         key: None,
         parts: new.parts,
+        version: (new.versioning == Versioning::Enabled).then(versions::new_id),
+        marker: false,
+        retention,
+        legal_hold,
+        upload: new.upload,
     };
-    let put_record = |rec: &Record, at: Ino| {
-        let v = serde_json::to_vec(rec).map_err(|_| Errno::EIO)?;
-        fs.setxattr(&root(), at, name(RECORD), &v, XattrMode::Any)
-    };
-    if let Place::Path { segments, dir } = keys::place(new.key) {
+    if new.versioning != Versioning::Off {
+        versions::before_write(fs, new.key, new.versioning)?;
+    }
+    place(fs, tmp, n, ino, new.key, rec)
+}
+
+/// Puts the file `tmp`/`n` (inode `ino`) in the place of `key` with the record `rec`,
+/// durably: at its path, or kept whole.
+pub(crate) fn place(fs: &Fs, tmp: Ino, n: &str, ino: Ino, key: &str, mut rec: Record) -> Res<Obj> {
+    let put_record = |rec: &Record, at: Ino| put_record(fs, rec, at);
+    let new_key = key;
+    let a = fs.getattr(ino)?;
+    if let Place::Path { segments, dir } = keys::place(key) {
         if dir && a.size == 0 {
             // A "folder": the directory itself, marked.
             match make_dirs(fs, &segments) {
@@ -320,7 +401,7 @@ fn commit_inner(fs: &Fs, tmp: Ino, n: &str, ino: Ino, new: NewObject<'_>) -> Res
                     rec.mtime = (da.mtime.sec, da.mtime.nsec);
                     put_record(&rec, d)?;
                     discard(fs, tmp, n);
-                    remove_whole(fs, new.key)?;
+                    remove_whole(fs, new_key)?;
                     fs.fsync(d, false)?;
                     return obj_of(fs, d);
                 }
@@ -340,7 +421,7 @@ fn commit_inner(fs: &Fs, tmp: Ino, n: &str, ino: Ino, new: NewObject<'_>) -> Res
                     RenameFlags::default(),
                 ) {
                     Ok(()) => {
-                        remove_whole(fs, new.key)?;
+                        remove_whole(fs, new_key)?;
                         fs.fsync(ino, false)?;
                         return obj_of(fs, ino);
                     }
@@ -355,7 +436,7 @@ fn commit_inner(fs: &Fs, tmp: Ino, n: &str, ino: Ino, new: NewObject<'_>) -> Res
             }
         }
     }
-    rec.key = Some(new.key.to_string());
+    rec.key = Some(new_key.to_string());
     put_record(&rec, ino)?;
     let dir = own_dir(fs, "keys")?;
     fs.rename(
@@ -363,7 +444,7 @@ fn commit_inner(fs: &Fs, tmp: Ino, n: &str, ino: Ino, new: NewObject<'_>) -> Res
         tmp,
         name(n),
         dir,
-        name(&keys::whole_name(new.key)),
+        name(&keys::whole_name(new_key)),
         RenameFlags::default(),
     )?;
     fs.fsync(ino, false)?;
@@ -379,7 +460,7 @@ fn make_dirs(fs: &Fs, segments: &[String]) -> Res<Ino> {
     Ok(ino)
 }
 
-fn remove_whole(fs: &Fs, key: &str) -> Res<()> {
+pub(crate) fn remove_whole(fs: &Fs, key: &str) -> Res<()> {
     let Ok(own) = fs.lookup(&root(), ROOT_INO, name(OWN_DIR)) else {
         return Ok(());
     };
@@ -431,7 +512,7 @@ pub fn delete(fs: &Fs, key: &str) -> Res<bool> {
 
 /// Removes the empty directories of `segments`, deepest first, up to the first that is
 /// not empty or is a "folder" object.
-fn prune(fs: &Fs, segments: &[String]) -> Res<()> {
+pub(crate) fn prune(fs: &Fs, segments: &[String]) -> Res<()> {
     for depth in (1..=segments.len()).rev() {
         let parent = walk(fs, &segments[..depth - 1])?;
         let Ok(a) = fs.lookup(&root(), parent, name(&segments[depth - 1])) else {
@@ -448,6 +529,23 @@ fn prune(fs: &Fs, segments: &[String]) -> Res<()> {
         }
     }
     Ok(())
+}
+
+/// The directory entries on the way to `key`'s path, as far as they exist: what a change
+/// of the key may add or remove (for the other front ends' caches).
+pub fn key_entries(fs: &Fs, key: &str) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    if let Place::Path { segments, .. } = keys::place(key) {
+        let mut at = ROOT_INO;
+        for s in &segments {
+            out.push((at, s.as_bytes().to_vec()));
+            match fs.lookup(&root(), at, name(s)) {
+                Ok(a) => at = a.ino,
+                Err(_) => break,
+            }
+        }
+    }
+    out
 }
 
 /// Opens an object's file for reading (it stays readable if it is replaced meanwhile).
@@ -470,25 +568,81 @@ pub fn set_meta(fs: &Fs, key: &str, meta: Meta) -> Res<Option<Obj>> {
     let Some(o) = find(fs, key)? else {
         return Ok(None);
     };
+    set_meta_of(fs, &o, meta, key).map(Some)
+}
+
+/// Sets the record of the object (or version) `o` of `key` anew with `meta`, keeping its
+/// ETag, version and lock.
+pub fn set_meta_of(fs: &Fs, o: &Obj, meta: Meta, key: &str) -> Res<Obj> {
     let a = fs.getattr(o.ino)?;
+    let old = record_of(fs, o.ino).unwrap_or_default();
     let rec = Record {
-        etag: o.etag,
+        etag: o.etag.clone(),
         size: o.size,
         mtime: (a.mtime.sec, a.mtime.nsec),
         meta,
-        key: matches!(keys::place(key), Place::Whole(_)).then(|| key.to_string()),
+        key: old
+            .key
+            .or_else(|| matches!(keys::place(key), Place::Whole(_)).then(|| key.to_string())),
         parts: o.parts,
+        ..old
     };
-    let v = serde_json::to_vec(&rec).map_err(|_| Errno::EIO)?;
-    fs.setxattr(&root(), o.ino, name(RECORD), &v, XattrMode::Any)?;
+    put_record(fs, &rec, o.ino)?;
     fs.fsync(o.ino, false)?;
-    obj_of(fs, o.ino).map(Some)
+    obj_of(fs, o.ino)
 }
 
-/// Whether the dataset holds any object (a bucket must be empty to be deleted).
+/// Sets the retention and legal hold of the object (or version) at `ino`.
+pub fn set_lock(fs: &Fs, ino: Ino, retention: Option<Retention>, legal_hold: bool) -> Res<Obj> {
+    let mut rec = record_of(fs, ino).unwrap_or_default();
+    let a = fs.getattr(ino)?;
+    if rec.etag.is_empty() {
+        // A file of another front end's: its ETag as it is now.
+        let o = obj_of(fs, ino)?;
+        rec.etag = o.etag;
+        rec.size = o.size;
+        rec.mtime = (a.mtime.sec, a.mtime.nsec);
+    }
+    rec.retention = retention;
+    rec.legal_hold = legal_hold;
+    put_record(fs, &rec, ino)?;
+    fs.fsync(ino, false)?;
+    obj_of(fs, ino)
+}
+
+/// A bucket-wide setting kept with the bucket's dataset (an attribute of `.tank-s3`):
+/// `what` is `lock`, `tagging`, `cors` or `lifecycle`.
+pub fn bucket_conf(fs: &Fs, what: &str) -> Res<Option<Vec<u8>>> {
+    let Ok(own) = fs.lookup(&root(), ROOT_INO, name(OWN_DIR)) else {
+        return Ok(None);
+    };
+    match fs.getxattr(&root(), own.ino, name(&format!("user.s3.bucket.{what}"))) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e == Errno::ENODATA || e == Errno::ENOENT => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets (or, with None, removes) a bucket-wide setting, durably.
+pub fn set_bucket_conf(fs: &Fs, what: &str, value: Option<&[u8]>) -> Res<()> {
+    let own = ensure_dir(fs, ROOT_INO, OWN_DIR)?;
+    let n = format!("user.s3.bucket.{what}");
+    match value {
+        Some(v) => fs.setxattr(&root(), own, name(&n), v, XattrMode::Any)?,
+        None => match fs.removexattr(&root(), own, name(&n)) {
+            Ok(()) => {}
+            Err(e) if e == Errno::ENODATA || e == Errno::ENOENT => {}
+            Err(e) => return Err(e),
+        },
+    }
+    fs.fsync(own, false)
+}
+
+/// Whether the dataset holds any object or version (a bucket must be empty to be
+/// deleted).
 pub fn is_empty(fs: &Fs) -> Res<bool> {
     let l = list(fs, "", None, "", 1)?;
-    Ok(l.objects.is_empty() && l.prefixes.is_empty())
+    Ok(l.objects.is_empty() && l.prefixes.is_empty() && !versions::any(fs)?)
 }
 
 /// One page of a listing.
@@ -502,9 +656,9 @@ pub struct Listing {
 }
 
 /// A directory's entries in S3 order: (sort name, name, inode, kind).
-type Entries = Vec<(String, String, Ino, FileKind)>;
+pub(crate) type Entries = Vec<(String, String, Ino, FileKind)>;
 
-fn entries(fs: &Fs, dir: Ino, at_root: bool) -> Res<Entries> {
+pub(crate) fn entries(fs: &Fs, dir: Ino, at_root: bool) -> Res<Entries> {
     let mut out = Vec::new();
     let mut cookie = 0;
     loop {

@@ -219,7 +219,12 @@ pub fn validate(
             ("anongid", "65534"),
             ("sec", "sys"),
         ],
-        "s3" => &[("readonly", "off"), ("public", "off")],
+        "s3" => &[
+            ("readonly", "off"),
+            ("public", "off"),
+            ("versioning", "off"),
+            ("object_lock", "off"),
+        ],
         _ => &[("readonly", "off"), ("lun", "0")],
     };
     for (k, v) in defaults {
@@ -303,12 +308,24 @@ pub fn validate(
             ("s3", "public") => match v.as_str() {
                 "off" | "no" | "false" => "off".into(),
                 "read" | "on" | "yes" | "true" => "read".into(),
+                "objects" => "objects".into(),
                 _ => {
                     return Err(invalid(format!(
-                        "invalid public '{v}': off or read (anyone may read; also public_read=on)"
+                        "invalid public '{v}': off, read (anyone may read and list; also public_read=on) or objects (anyone may read, not list)"
                     )))
                 }
             },
+            ("s3", "versioning") => match v.as_str() {
+                "off" | "no" | "false" => "off".into(),
+                "on" | "enabled" | "yes" | "true" => "enabled".into(),
+                "suspended" => "suspended".into(),
+                _ => {
+                    return Err(invalid(format!(
+                        "invalid versioning '{v}': off, enabled (on) or suspended"
+                    )))
+                }
+            },
+            ("s3", "object_lock") => on_off(k, v)?,
             ("iscsi", "iqn") => {
                 check_iqn(v)?;
                 v.clone()
@@ -331,6 +348,20 @@ pub fn validate(
             }
         };
         out.insert(k.clone(), value);
+    }
+    if protocol == "s3" && out.get("object_lock").map(String::as_str) == Some("on") {
+        // Object Lock keeps versions: it needs versioning on, and keeps it on.
+        match options.get("versioning").map(String::as_str) {
+            None => {
+                out.insert("versioning".into(), "enabled".into());
+            }
+            Some(_) if out.get("versioning").map(String::as_str) == Some("enabled") => {}
+            Some(v) => {
+                return Err(invalid(format!(
+                    "object_lock=on needs versioning enabled (not '{v}')"
+                )))
+            }
+        }
     }
     if out.contains_key("timemachine_quota")
         && out.get("timemachine").map(String::as_str) != Some("on")
@@ -597,7 +628,21 @@ mod tests {
                 "needs timemachine=on",
             ),
             ("s3", "Bad_Bucket", fs, &[], "invalid bucket name"),
-            ("s3", "ok-bucket", fs, &[("public", "write")], "off or read"),
+            ("s3", "ok-bucket", fs, &[("public", "write")], "off, read"),
+            (
+                "s3",
+                "ok-bucket",
+                fs,
+                &[("versioning", "maybe")],
+                "off, enabled",
+            ),
+            (
+                "s3",
+                "ok-bucket",
+                fs,
+                &[("object_lock", "on"), ("versioning", "suspended")],
+                "needs versioning enabled",
+            ),
             ("iscsi", "vm", fs, &[], "serves volumes"),
             ("smb", "x", DatasetKind::Volume, &[], "serves filesystems"),
             (

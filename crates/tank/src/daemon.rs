@@ -105,6 +105,19 @@ pub struct ServeArgs {
         requires = "s3"
     )]
     pub s3_region: String,
+    /// How often the buckets' lifecycle rules are applied, in seconds
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600, requires = "s3")]
+    pub s3_lifecycle_interval: u64,
+    /// The length of a lifecycle rule's day, in seconds (86400; shorter only to try rules
+    /// out, as Ceph's rgw_lc_debug_interval)
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 86400,
+        hide = true,
+        requires = "s3"
+    )]
+    pub s3_lifecycle_day: u64,
 }
 
 /// The API's address when none is given: loopback, port 8443.
@@ -404,6 +417,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 settings: tank_s3::Settings {
                     region: a.s3_region.clone(),
                     parent: a.s3_parent.clone(),
+                    lifecycle_interval: std::time::Duration::from_secs(
+                        a.s3_lifecycle_interval.max(1),
+                    ),
+                    lifecycle_day: std::time::Duration::from_secs(a.s3_lifecycle_day.max(1)),
                 },
             };
             let server = tank_s3::start(svc.clone(), opts).context("cannot serve S3")?;
