@@ -104,16 +104,11 @@ impl Cors {
                 .map(str::to_string)
         };
         let refuse = |why: &str| {
-            let body = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessForbidden</Code><Message>CORSResponse: {why}</Message></Error>"
-            );
-            let mut r = http::Response::new(s3s::Body::from(body));
-            *r.status_mut() = StatusCode::FORBIDDEN;
-            r.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/xml"),
-            );
-            r
+            crate::error_response(
+                StatusCode::FORBIDDEN,
+                "AccessForbidden",
+                &format!("CORSResponse: {why}"),
+            )
         };
         let (Some(origin), Some(method)) = (get("origin"), get("access-control-request-method"))
         else {

@@ -4,13 +4,22 @@
 //! One TCP listener (`tank serve --s3 URL`), plain HTTP or HTTPS with the daemon's
 //! certificate, on a tokio runtime of its own. The S3 protocol (routing, XML, SigV4 in
 //! headers, presigned URLs and streaming `aws-chunked` bodies) comes from `s3s`; below it:
-//! - `auth.rs` (here): secret keys are the accounts' S3 keys; Signature Version 2 is
-//!   refused (it has no clock-skew check: a captured request could be replayed);
+//! - here: secret keys are the accounts' S3 keys; Signature Version 2 is refused unless
+//!   `--s3-sigv2` allows it (it has no clock-skew check: a captured request could be
+//!   replayed); the HTTP layer answers CORS (`cors.rs`) around s3s;
 //! - `buckets.rs`: the bucket table, built from the share registry and kept in step with
 //!   it, each bucket holding its dataset through the service;
 //! - `ops.rs`: the operations on buckets and objects, `multipart.rs` the uploads in parts;
 //! - `store.rs`: objects as files of the bucket's filesystem, `keys.rs` the key-to-path
-//!   mapping.
+//!   mapping;
+//! - `versions.rs`: versions, delete markers and Object Lock beside the current files,
+//!   `ops_versions.rs` their operations;
+//! - `ops_bucket.rs`: bucket tags, the anonymous-read policy, CORS and lifecycle rules;
+//!   `lifecycle.rs` the thread that applies the rules.
+//!
+//! At the start, before any request, each bucket is tidied after a crash: bodies being
+//! received are removed, parts of uploads already completed removed, and versioned
+//! changes cut short finished.
 //!
 //! Every response carries an `x-amz-request-id`; every request is counted in the service's
 //! per-protocol statistics (`/metrics`). Connections are bounded (1,024 at once) and a
@@ -84,8 +93,11 @@ impl S3Auth for KeyAuth {
 }
 
 /// Lets unsigned requests through to the operations (which allow them only on public
-/// buckets, to read), and refuses Signature Version 2.
-struct Access;
+/// buckets, to read), and refuses Signature Version 2 unless the administrator allowed it
+/// (`--s3-sigv2`).
+struct Access {
+    sigv2: bool,
+}
 
 /// Whether a request is signed with Signature Version 2 (header or query).
 fn sig_v2(headers: &http::HeaderMap, query: Option<&str>) -> bool {
@@ -103,7 +115,7 @@ fn sig_v2(headers: &http::HeaderMap, query: Option<&str>) -> bool {
 #[async_trait::async_trait]
 impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        if sig_v2(cx.headers(), cx.uri().query()) {
+        if !self.sigv2 && sig_v2(cx.headers(), cx.uri().query()) {
             return Err(s3_error!(
                 AccessDenied,
                 "Signature Version 2 is not accepted: sign with Signature Version 4"
@@ -116,7 +128,7 @@ impl S3Access for Access {
     /// Version 2 carries no region: refused as above (a form's signature is in its fields,
     /// which `check` does not see).
     async fn put_object(&self, req: &mut s3s::S3Request<s3s::dto::PutObjectInput>) -> S3Result<()> {
-        if req.credentials.is_some() && req.region.is_none() {
+        if !self.sigv2 && req.credentials.is_some() && req.region.is_none() {
             return Err(s3_error!(
                 AccessDenied,
                 "Signature Version 2 is not accepted: sign with Signature Version 4"
@@ -224,11 +236,14 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
     // is bounded well below a PUT's.
     let mut config = s3s::config::S3Config::default();
     config.post_object_max_file_size = MAX_POST;
+    config.xml_max_body_size = MAX_XML as usize;
     b.set_config(std::sync::Arc::new(s3s::config::StaticConfigProvider::new(
         std::sync::Arc::new(config),
     )));
     b.set_auth(KeyAuth { svc: svc.clone() });
-    b.set_access(Access);
+    b.set_access(Access {
+        sigv2: opts.settings.allow_sigv2,
+    });
     let std_listener = std::net::TcpListener::bind(opts.addr)
         .with_context(|| format!("cannot listen on {}", opts.addr))?;
     std_listener.set_nonblocking(true)?;
@@ -255,6 +270,7 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let tls = opts.tls.clone();
     let stats = svc.protocols.clone();
+    let sigv2 = opts.settings.allow_sigv2;
     let thread = std::thread::Builder::new()
         .name("tank-s3".into())
         .spawn(move || {
@@ -267,7 +283,7 @@ pub fn start(svc: Arc<Service>, opts: S3Options) -> Result<S3Server> {
                     }
                 };
                 tokio::select! {
-                    () = serve(listener, tls, service, stats, cors) => {}
+                    () = serve(listener, tls, service, stats, cors, sigv2) => {}
                     _ = rx => {}
                 }
             });
@@ -296,6 +312,7 @@ async fn serve(
     service: s3s::service::S3Service,
     stats: Arc<tank_service::stats::ProtocolStats>,
     cors: cors::Cors,
+    sigv2: bool,
 ) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -337,8 +354,14 @@ async fn serve(
                             .and_then(|v| v.to_str().ok())
                             .map(str::to_string);
                         let bucket = cors.bucket_of(req.headers(), req.uri().path());
+                        let mut req = req;
+                        if sigv2 && sig_v2(req.headers(), req.uri().query()) {
+                            v2_bucket_path(&mut req);
+                        }
                         let r = if method == http::Method::OPTIONS {
                             Ok(cors.preflight(req.headers(), req.uri().path()).await)
+                        } else if let Some(too_big) = xml_too_big(&req) {
+                            Ok(too_big)
                         } else {
                             let mut r = service.call(req.map(s3s::Body::from)).await;
                             if let (Some(o), Some(b), Ok(resp)) = (&origin, &bucket, &mut r) {
@@ -373,6 +396,121 @@ async fn serve(
                 }
             }
         });
+    }
+}
+
+/// The largest XML (or JSON policy) body of a request, read whole before it is parsed.
+const MAX_XML: u64 = 4 << 20;
+
+/// Whether a request's body is a document read whole (XML, or a JSON policy): the
+/// sub-resources of bucket and object settings, DeleteObjects and a multipart complete.
+fn document_body(method: &http::Method, query: Option<&str>) -> bool {
+    const SETTINGS: &[&str] = &[
+        "tagging",
+        "versioning",
+        "cors",
+        "lifecycle",
+        "policy",
+        "object-lock",
+        "retention",
+        "legal-hold",
+        "acl",
+        "notification",
+        "replication",
+        "website",
+        "encryption",
+        "logging",
+        "requestPayment",
+        "accelerate",
+        "ownershipControls",
+        "publicAccessBlock",
+    ];
+    let keys: Vec<&str> = query
+        .unwrap_or("")
+        .split('&')
+        .map(|kv| kv.split('=').next().unwrap_or(""))
+        .collect();
+    match *method {
+        http::Method::POST => keys.iter().any(|k| *k == "delete" || *k == "uploadId"),
+        http::Method::PUT => {
+            !keys.contains(&"partNumber") && keys.iter().any(|k| SETTINGS.contains(k))
+        }
+        _ => false,
+    }
+}
+
+/// The answer to a request whose document body is announced larger than [`MAX_XML`]:
+/// refused before a byte of it is read (s3s would read it up to its own limit and answer
+/// an internal error).
+fn xml_too_big(req: &http::Request<hyper::body::Incoming>) -> Option<http::Response<s3s::Body>> {
+    if !document_body(req.method(), req.uri().query()) {
+        return None;
+    }
+    let len: u64 = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    if len <= MAX_XML {
+        return None;
+    }
+    let mut r = error_response(
+        http::StatusCode::BAD_REQUEST,
+        "MaxMessageLengthExceeded",
+        &format!("Your request was too big: documents are at most {MAX_XML} bytes"),
+    );
+    r.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    Some(r)
+}
+
+/// An S3 error response of our own (outside s3s).
+pub fn error_response(
+    status: http::StatusCode,
+    code: &str,
+    message: &str,
+) -> http::Response<s3s::Body> {
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{}</Code><Message>{}</Message></Error>",
+        esc(code),
+        esc(message)
+    );
+    let mut r = http::Response::new(s3s::Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/xml"),
+    );
+    r
+}
+
+/// A bucket-only path signed with Signature Version 2 gets its trailing slash: SDKs sign
+/// `/BUCKET/` for it, as S3 canonicalizes it, while s3s signs the path as sent.
+fn v2_bucket_path<B>(req: &mut http::Request<B>) {
+    let path = req.uri().path();
+    let rest = path.trim_start_matches('/');
+    if rest.is_empty() || rest.contains('/') {
+        return;
+    }
+    let pq = match req.uri().query() {
+        Some(q) => format!("{path}/?{q}"),
+        None => format!("{path}/"),
+    };
+    let mut parts = req.uri().clone().into_parts();
+    if let Ok(v) = pq.parse() {
+        parts.path_and_query = Some(v);
+        if let Ok(u) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = u;
+        }
     }
 }
 

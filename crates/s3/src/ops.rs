@@ -47,6 +47,9 @@ pub struct Settings {
     pub lifecycle_interval: std::time::Duration,
     /// A lifecycle rule's day (a day, but for trying rules out).
     pub lifecycle_day: std::time::Duration,
+    /// Accept requests signed with Signature Version 2 (no clock-skew check: a captured
+    /// request can be replayed; off by default).
+    pub allow_sigv2: bool,
 }
 
 /// tank's S3 backend.

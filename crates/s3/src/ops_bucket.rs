@@ -302,7 +302,8 @@ pub async fn put_bucket_policy(
         Some(req.input.policy.clone().into_bytes()),
     )
     .await?;
-    s.set_share(&name, &[("public", if list { "read" } else { "objects" })])?;
+    s.set_share(&name, &[("public", if list { "read" } else { "objects" })])
+        .await?;
     Ok(S3Response::new(PutBucketPolicyOutput::default()))
 }
 
@@ -337,7 +338,7 @@ pub async fn delete_bucket_policy(
     let name = b.name.clone();
     drop(b);
     s.put_conf(&p, &name, "policy", None).await?;
-    s.set_share(&name, &[("public", "off")])?;
+    s.set_share(&name, &[("public", "off")]).await?;
     Ok(S3Response::new(DeleteBucketPolicyOutput::default()))
 }
 

@@ -22,8 +22,7 @@ use crate::versions::{self, DefaultLock};
 
 impl TankS3 {
     /// Changes options of the bucket's share, as the S3 front end.
-    pub(crate) fn set_share(&self, bucket: &str, settings: &[(&str, &str)]) -> S3Result<()> {
-        let admin = tank_service::Caller::Admin { name: "s3".into() };
+    pub(crate) async fn set_share(&self, bucket: &str, settings: &[(&str, &str)]) -> S3Result<()> {
         let req = Request::ShareSet {
             name: bucket.to_string(),
             settings: settings
@@ -31,11 +30,17 @@ impl TankS3 {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         };
-        self.svc
-            .handle(&admin, req, None)
-            .0
-            .map_err(|e| s3_error!(InvalidBucketState, "{e}"))?;
-        self.buckets.refresh();
+        // A committed change of the dataset's record: off the runtime's workers.
+        let (svc, buckets) = (self.svc.clone(), self.buckets.clone());
+        tokio::task::spawn_blocking(move || {
+            let admin = tank_service::Caller::Admin { name: "s3".into() };
+            let r = svc.handle(&admin, req, None).0;
+            buckets.refresh();
+            r
+        })
+        .await
+        .map_err(|e| s3_error!(InternalError, "{e}"))?
+        .map_err(|e| s3_error!(InvalidBucketState, "{e}"))?;
         Ok(())
     }
 }
@@ -81,7 +86,7 @@ pub async fn put_bucket_versioning(
     if current != next {
         let name = b.name.clone();
         drop(b);
-        s.set_share(&name, &[("versioning", next)])?;
+        s.set_share(&name, &[("versioning", next)]).await?;
     }
     Ok(S3Response::new(PutBucketVersioningOutput::default()))
 }
@@ -233,7 +238,7 @@ pub async fn put_object_lock_configuration(
     if !b.object_lock {
         let name = b.name.clone();
         drop(b);
-        s.set_share(&name, &[("object_lock", "on")])?;
+        s.set_share(&name, &[("object_lock", "on")]).await?;
     }
     Ok(S3Response::new(PutObjectLockConfigurationOutput::default()))
 }

@@ -118,6 +118,10 @@ pub struct ServeArgs {
         requires = "s3"
     )]
     pub s3_lifecycle_day: u64,
+    /// Also accept S3 requests signed with Signature Version 2, for old clients (it has no
+    /// clock-skew check: a captured request can be replayed until it expires)
+    #[arg(long, requires = "s3")]
+    pub s3_sigv2: bool,
 }
 
 /// The API's address when none is given: loopback, port 8443.
@@ -421,6 +425,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                         a.s3_lifecycle_interval.max(1),
                     ),
                     lifecycle_day: std::time::Duration::from_secs(a.s3_lifecycle_day.max(1)),
+                    allow_sigv2: a.s3_sigv2,
                 },
             };
             let server = tank_s3::start(svc.clone(), opts).context("cannot serve S3")?;
