@@ -149,6 +149,86 @@ st, b = raw("PUT", "/bad/keep", chunk, headers={"x-amz-content-sha256": "STREAMI
 check(st in (400, 403), f"a cut, badly signed chunked body: {st} {code(b)}")
 intact()
 
+# Streaming aws-chunked uploads, made by hand: signed chunks, signed chunks with a signed
+# trailer, unsigned chunks with a trailer; then each with something wrong.
+import base64
+import hmac
+import zlib
+
+
+def hm(k, m):
+    return hmac.new(k, m.encode() if isinstance(m, str) else m, hashlib.sha256)
+
+
+def chunked(key, data, mode, corrupt=None):
+    """PUT `data` as aws-chunked in `mode` (signed, signed-trailer, unsigned-trailer)."""
+    crc = base64.b64encode(zlib.crc32(data if corrupt != "checksum" else data + b"!").to_bytes(4, "big")).decode()
+    sha = {"signed": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD", "signed-trailer": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER",
+           "unsigned-trailer": "STREAMING-UNSIGNED-PAYLOAD-TRAILER"}[mode]
+    headers = {"x-amz-content-sha256": sha, "Content-Encoding": "aws-chunked",
+               "x-amz-decoded-content-length": str(len(data))}
+    if mode != "signed":
+        headers["x-amz-trailer"] = "x-amz-checksum-crc32"
+    req = AWSRequest(method="PUT", url=f"{endpoint}/bad/{key}", data=b"", headers=headers)
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    ts = req.context["timestamp"]
+    scope = f"{ts[:8]}/us-east-1/s3/aws4_request"
+    skey = hm(("AWS4" + sk).encode(), ts[:8]).digest()
+    for m in ("us-east-1", "s3", "aws4_request"):
+        skey = hm(skey, m).digest()
+    prev = req.headers["Authorization"].rsplit("Signature=", 1)[1]
+    pieces = [data[i:i + 65536] for i in range(0, len(data), 65536)] + [b""]
+    out = b""
+    for i, piece in enumerate(pieces):
+        if mode == "unsigned-trailer":
+            out += f"{len(piece):x}\r\n".encode() + (piece + b"\r\n" if piece else b"")
+            continue
+        sts = "\n".join(["AWS4-HMAC-SHA256-PAYLOAD", ts, scope, prev, hashlib.sha256(b"").hexdigest(),
+                         hashlib.sha256(piece).hexdigest()])
+        sig = hm(skey, sts).hexdigest()
+        if corrupt == "chunk" and i == 0:
+            sig = "0" * 64
+        prev = sig
+        out += f"{len(piece):x};chunk-signature={sig}\r\n".encode() + piece + b"\r\n"
+    if mode != "signed":
+        if mode == "signed-trailer":
+            out = out[:-2]  # the last chunk's line ends before the trailer
+        trailer = f"x-amz-checksum-crc32:{crc}"
+        out += trailer.encode() + b"\r\n"
+        if mode == "signed-trailer":
+            sts = "\n".join(["AWS4-HMAC-SHA256-TRAILER", ts, scope, prev, hashlib.sha256((trailer + "\n").encode()).hexdigest()])
+            out += f"x-amz-trailer-signature:{hm(skey, sts).hexdigest()}\r\n".encode()
+        out += b"\r\n"
+    p = req.prepare()
+    sock = socket.create_connection((u.hostname, u.port), timeout=30)
+    head = f"PUT /bad/{key} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\nContent-Length: {len(out)}\r\n"
+    for k, v in p.headers.items():
+        if k.lower() not in ("host", "connection", "content-length"):
+            head += f"{k}: {v}\r\n"
+    sock.sendall(head.encode() + b"\r\n" + out)
+    resp = b""
+    while True:
+        b = sock.recv(65536)
+        if not b:
+            break
+        resp += b
+    sock.close()
+    return int(resp.split(b" ", 2)[1]), resp.split(b"\r\n\r\n", 1)[-1]
+
+
+payload = bytes(range(256)) * 1000
+for mode in ("signed", "signed-trailer", "unsigned-trailer"):
+    st, b = chunked(f"chunked-{mode}", payload, mode)
+    check(st == 200, f"aws-chunked {mode}: {st} {code(b)}")
+    check(s3.get_object(Bucket="bad", Key=f"chunked-{mode}")["Body"].read() == payload, f"aws-chunked {mode}: its bytes")
+st, b = chunked("keep", b"a chunk forged", "signed", corrupt="chunk")
+check(st == 403 and code(b) == "SignatureDoesNotMatch", f"a forged chunk signature: {st} {code(b)}")
+intact()
+for mode in ("signed-trailer", "unsigned-trailer"):
+    st, b = chunked("keep", b"a wrong checksum", mode, corrupt="checksum")
+    check(st == 400 and code(b) in ("BadDigest", "InvalidRequest", "XAmzContentChecksumMismatch"), f"a wrong trailing checksum ({mode}): {st} {code(b)}")
+    intact()
+
 # The server serves on.
 s3.put_object(Bucket="bad", Key="after", Body=b"still here")
 check(s3.get_object(Bucket="bad", Key="after")["Body"].read() == b"still here", "serving on")
