@@ -354,6 +354,19 @@ async fn serve(
                             .and_then(|v| v.to_str().ok())
                             .map(str::to_string);
                         let bucket = cors.bucket_of(req.headers(), req.uri().path());
+                        // An empty body announced with `Expect: 100-continue` is answered
+                        // without a 100 (there is nothing to continue to). botocore then
+                        // keeps the answer's status for that connection's next request
+                        // with the same header, and reads that request's answer wrong (a
+                        // stalled, empty response): such a connection is closed after its
+                        // answer.
+                        let close_after =
+                            req.headers().get(http::header::EXPECT).is_some_and(|v| {
+                                v.as_bytes().eq_ignore_ascii_case(b"100-continue")
+                            }) && req
+                                .headers()
+                                .get(http::header::CONTENT_LENGTH)
+                                .is_some_and(|v| v.as_bytes() == b"0");
                         let mut req = req;
                         if sigv2 && sig_v2(req.headers(), req.uri().query()) {
                             v2_bucket_path(&mut req);
@@ -374,6 +387,12 @@ async fn serve(
                         });
                         stats.op("s3", &op).record(start.elapsed(), failed);
                         r.map(|mut resp| {
+                            if close_after {
+                                resp.headers_mut().insert(
+                                    http::header::CONNECTION,
+                                    http::HeaderValue::from_static("close"),
+                                );
+                            }
                             let id = format!("{:016X}", rand::random::<u64>());
                             if let Ok(v) = http::HeaderValue::from_str(&id) {
                                 resp.headers_mut().insert("x-amz-request-id", v);
