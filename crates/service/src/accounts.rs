@@ -68,6 +68,10 @@ pub struct User {
     /// argon2id PHC string; None: no password (cannot log in with one).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub password: Option<String>,
+    /// The NT hash of the password (MD4 of its UTF-16LE form, hex), which SMB's NTLM
+    /// authentication needs: kept for Samba's password file, never shown.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub nt_hash: Option<String>,
     /// Seconds since 1970.
     pub created: u64,
 }
@@ -77,6 +81,7 @@ impl User {
     pub fn public(&self) -> User {
         User {
             password: None,
+            nt_hash: None,
             ..self.clone()
         }
     }
@@ -138,6 +143,9 @@ pub struct Export {
 /// The account store.
 pub struct Accounts {
     db: Database,
+    /// Bumped at every committed change (what the SMB front end follows to keep Samba's
+    /// user and password files in step).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Accounts {
@@ -187,6 +195,16 @@ fn check_password(password: &str) -> Res<()> {
         ));
     }
     Ok(())
+}
+
+/// The NT hash of a password (MD4 of its UTF-16LE form), as Samba keeps it.
+pub fn nt_hash(password: &str) -> String {
+    use md4::{Digest, Md4};
+    let utf16: Vec<u8> = password.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    Md4::digest(&utf16)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect()
 }
 
 fn hash_password(password: &str) -> Res<String> {
@@ -246,6 +264,20 @@ macro_rules! all_of {
 }
 
 impl Accounts {
+    /// Commits a change, and counts it.
+    fn committed(&self, txn: redb::WriteTransaction) -> Res<()> {
+        txn.commit()?;
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// How many changes were committed through this handle: a follower re-reads the store
+    /// when it moves.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Opens the store at `path`, creating it (mode 0600) and its tables when missing.
     pub fn open(path: &Path) -> Res<Accounts> {
         if !path.exists() {
@@ -266,7 +298,10 @@ impl Accounts {
             txn.open_table(t)?;
         }
         txn.commit()?;
-        Ok(Accounts { db })
+        Ok(Accounts {
+            db,
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     // ---- users ----
@@ -314,6 +349,7 @@ impl Accounts {
                 admin: new.admin,
                 s3_bucket_create: false,
                 password,
+                nt_hash: new.password.as_deref().map(nt_hash),
                 created: now_secs(),
             };
             let mut table = txn.open_table(USERS)?;
@@ -329,7 +365,7 @@ impl Accounts {
             }
             user
         };
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(user)
     }
 
@@ -366,8 +402,10 @@ impl Accounts {
 
     pub fn set_password(&self, name: &str, password: &str) -> Res<()> {
         let hash = hash_password(password)?;
+        let nt = nt_hash(password);
         self.update_user(name, |u| {
             u.password = Some(hash);
+            u.nt_hash = Some(nt);
             Ok(())
         })
         .map(drop)
@@ -445,7 +483,7 @@ impl Accounts {
             table.insert(name, to_json(&user).as_slice())?;
             user
         };
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(user)
     }
 
@@ -477,7 +515,7 @@ impl Accounts {
                 gt.insert(g.name.as_str(), to_json(&g).as_slice())?;
             }
         }
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(())
     }
 
@@ -530,7 +568,7 @@ impl Accounts {
                 .insert(name, to_json(&group).as_slice())?;
             group
         };
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(group)
     }
 
@@ -559,7 +597,7 @@ impl Accounts {
             }
             gt.remove(name)?;
         }
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(())
     }
 
@@ -596,7 +634,7 @@ impl Accounts {
             gt.insert(group, to_json(&g).as_slice())?;
             g
         };
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(g)
     }
 
@@ -614,7 +652,7 @@ impl Accounts {
         let txn = self.db.begin_write()?;
         txn.open_table(KEYS)?
             .insert(key.access_key.as_str(), to_json(&key).as_slice())?;
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(key)
     }
 
@@ -646,7 +684,7 @@ impl Accounts {
             })?;
             from_json("key", raw.value())?
         };
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(key)
     }
 
@@ -666,7 +704,7 @@ impl Accounts {
         let txn = self.db.begin_write()?;
         txn.open_table(TOKENS)?
             .insert(id.as_str(), to_json(&token).as_slice())?;
-        txn.commit()?;
+        self.committed(txn)?;
         Ok((token, format!("tank_{id}_{secret}")))
     }
 
@@ -697,7 +735,7 @@ impl Accounts {
                 .ok_or_else(|| ServiceError::NotFound(format!("no such token '{id}'")))?;
             from_json("token", raw.value())?
         };
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(token)
     }
 
@@ -836,7 +874,7 @@ impl Accounts {
                 t.insert(k.id.as_str(), to_json(k).as_slice())?;
             }
         }
-        txn.commit()?;
+        self.committed(txn)?;
         Ok(())
     }
 }
@@ -857,6 +895,13 @@ mod tests {
             password: Some("correct horse".into()),
             ..NewUser::default()
         }
+    }
+
+    #[test]
+    fn nt_hashes_are_samba_s() {
+        // MD4 of the UTF-16LE password, as Samba's smbpasswd keeps it.
+        assert_eq!(nt_hash("password"), "8846F7EAEE8FB117AD06BDD830B7586C");
+        assert_eq!(nt_hash(""), "31D6CFE0D16AE931B73C59D7E0C089C0");
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub struct ServeArgs {
     /// standard port is 2049). Clients mount /NAME with nolock
     #[arg(long, value_name = "ADDR:PORT")]
     pub nfs: Option<String>,
+    /// Serve the smb shares with Samba's smbd on ADDR:PORT (the standard port is 445);
+    /// smbd runs under tank's supervision with a configuration tank writes
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub smb: Option<String>,
     /// Serve the s3 shares as buckets at URL: https://ADDR:PORT (with the API's
     /// certificate) or http://ADDR:PORT
     #[arg(long, value_name = "URL")]
@@ -433,6 +437,27 @@ pub fn run(a: ServeArgs) -> Result<()> {
             Some(server)
         }
     };
+    let smb = match &a.smb {
+        None => None,
+        Some(spec) => {
+            let addr: std::net::SocketAddr = spec.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid --smb '{spec}': give ADDR:PORT, e.g. 0.0.0.0:445 or 127.0.0.1:4450"
+                )
+            })?;
+            // Without Samba the rest of tank runs on: SMB is left out, and says why.
+            match tank_smb::start(svc.clone(), tank_smb::SmbOptions { addr }) {
+                Ok(server) => {
+                    say!("smb: {}", server.local_addr());
+                    Some(server)
+                }
+                Err(e) => {
+                    say_err!("warning: {}", crate::out::chain(&e));
+                    None
+                }
+            }
+        }
+    };
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     // Anyone on the host may connect; each request is authorized for the uid the kernel
@@ -470,6 +495,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     if let Some(s3) = s3 {
         s3.stop();
+    }
+    if let Some(smb) = smb {
+        smb.stop();
     }
     let _ = std::fs::remove_file(&sock);
     let names: Vec<String> = svc.open_pools().iter().map(|o| o.pool.name()).collect();

@@ -1,0 +1,485 @@
+//! tank's SMB front end: Samba's smbd, run and kept in step by the daemon.
+//!
+//! # Theory of operation
+//! No SMB server library exists in Rust, and Samba is what every NAS ships, so tank runs
+//! Debian's `smbd` and makes it feel built in: the user never edits smb.conf.
+//! - **Its own directory.** Everything Samba reads or keeps is under `DATA_DIR/smb/`: the
+//!   generated `smb.conf` (`conf.rs`), the user and group files and the password file
+//!   (`users.rs`), and the private, lock, state, cache, pid and log directories. smbd is
+//!   started with `--configfile` naming that file; /etc/samba is never read or written.
+//! - **The data path.** A share's path is the directory its dataset is mounted at by the
+//!   daemon (the FUSE mount), so SMB sees the same files, owners and extended attributes
+//!   as the local mount, NFS and S3. A share whose dataset is not mounted is left out of
+//!   smb.conf, and [`SmbServer::problems`] says why.
+//! - **Users.** smbd runs as root (it becomes each user's uid for that user's files) with
+//!   `nss_wrapper`, so its user lookups are answered from tank's accounts, not the host's.
+//! - **Supervision.** One thread keeps smbd running: it restarts it when it dies (its
+//!   output is tank's log, each line prefixed `smbd:`), rewrites the configuration when a
+//!   share or a mount changed and the user files when the account store did, and tells
+//!   smbd to reload (SIGHUP). smbd runs in a process group of its own, so that a stop ends
+//!   the processes serving connections too.
+
+pub mod conf;
+pub mod users;
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use parking_lot::Mutex;
+use tank_service::api::{Request, Response};
+use tank_service::shares::{ShareChange, ShareInfo, ShareWatcher};
+use tank_service::{Caller, Service};
+
+pub use conf::ShareConf;
+
+/// How SMB is served.
+#[derive(Debug, Clone)]
+pub struct SmbOptions {
+    /// Where smbd listens (port 0: a free one is chosen).
+    pub addr: SocketAddr,
+}
+
+/// Where a program may be: the PATH, then the system directories Debian installs to.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/bin", "/sbin"].iter().map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// nss_wrapper's library.
+fn find_nss_wrapper() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/libnss_wrapper.so",
+        "/usr/lib/aarch64-linux-gnu/libnss_wrapper.so",
+        "/usr/lib64/libnss_wrapper.so",
+        "/usr/lib/libnss_wrapper.so",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+}
+
+/// Why SMB cannot be served on this machine, if it cannot.
+pub fn missing() -> Option<String> {
+    if find_program("smbd").is_none() {
+        return Some(
+            "Samba's smbd is not installed (apt-get install samba, on Debian and Ubuntu)".into(),
+        );
+    }
+    if find_nss_wrapper().is_none() {
+        return Some(
+            "nss_wrapper is not installed (apt-get install libnss-wrapper, on Debian and Ubuntu)"
+                .into(),
+        );
+    }
+    None
+}
+
+struct Inner {
+    svc: Arc<Service>,
+    addr: SocketAddr,
+    dir: PathBuf,
+    smbd: PathBuf,
+    nss: PathBuf,
+    child: Mutex<Option<Child>>,
+    stopping: AtomicBool,
+    /// Shares not served, and why.
+    problems: Mutex<BTreeMap<String, String>>,
+    /// The configuration last written.
+    written: Mutex<String>,
+    /// The account store's generation the user files were written at.
+    accounts_at: AtomicU64,
+    restarts: AtomicU64,
+    wake: Mutex<mpsc::Sender<()>>,
+}
+
+/// A running SMB front end.
+pub struct SmbServer {
+    inner: Arc<Inner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Wakes the supervisor when an smb share changed.
+struct Watcher {
+    wake: mpsc::Sender<()>,
+}
+
+impl ShareWatcher for Watcher {
+    fn share_changed(&self, change: &ShareChange) {
+        let smb = |s: &ShareInfo| s.protocol == "smb";
+        let relevant = match change {
+            ShareChange::Added(s) | ShareChange::Removed(s) => smb(s),
+            ShareChange::Changed { before, after } => smb(before) || smb(after),
+        };
+        if relevant {
+            let _ = self.wake.send(());
+        }
+    }
+}
+
+fn on(s: &ShareInfo, k: &str) -> bool {
+    s.options.get(k).map(String::as_str) == Some("on")
+}
+
+impl Inner {
+    fn admin() -> Caller {
+        Caller::Admin { name: "smb".into() }
+    }
+
+    /// The shares smbd should serve now, and the ones it cannot, with why.
+    fn shares(&self) -> (Vec<ShareConf>, BTreeMap<String, String>) {
+        let admin = Self::admin();
+        let shares: Vec<ShareInfo> = match self.svc.handle(&admin, Request::ShareList, None).0 {
+            Ok(Response::Shares(s)) => s.into_iter().filter(|s| s.protocol == "smb").collect(),
+            _ => Vec::new(),
+        };
+        let mounts = match self.svc.handle(&admin, Request::MountList, None).0 {
+            Ok(Response::Mounts(m)) => m,
+            _ => Vec::new(),
+        };
+        let mut out = Vec::new();
+        let mut problems = BTreeMap::new();
+        for s in shares {
+            let Some(m) = mounts.iter().find(|m| m.dataset == s.dataset) else {
+                problems.insert(
+                    s.name.clone(),
+                    format!("its dataset {} is not mounted", s.dataset),
+                );
+                continue;
+            };
+            let mut valid: Vec<String> = s
+                .options
+                .get("users")
+                .map(|u| {
+                    u.split(',')
+                        .filter(|x| !x.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(g) = s.options.get("groups") {
+                valid.extend(
+                    g.split(',')
+                        .filter(|x| !x.is_empty())
+                        .map(|g| format!("@{g}")),
+                );
+            }
+            out.push(ShareConf {
+                name: s.name.clone(),
+                path: m.dir.to_string_lossy().into_owned(),
+                readonly: on(&s, "readonly"),
+                browseable: s.options.get("browseable").map(String::as_str) != Some("off"),
+                guest: on(&s, "guest"),
+                valid_users: valid,
+                timemachine: on(&s, "timemachine"),
+                timemachine_max: s
+                    .options
+                    .get("timemachine_quota")
+                    .and_then(|v| v.parse().ok()),
+                previous_versions: on(&s, "previous_versions"),
+                comment: s.options.get("comment").cloned(),
+            });
+        }
+        (out, problems)
+    }
+
+    /// Writes smb.conf if it changed: whether it did.
+    fn write_conf(&self) -> Result<bool> {
+        let (shares, problems) = self.shares();
+        {
+            let mut seen = self.problems.lock();
+            for (name, why) in &problems {
+                if seen.get(name) != Some(why) {
+                    println!("smb: share '{name}' is not served: {why}");
+                }
+            }
+            *seen = problems;
+        }
+        let text = conf::render(self.addr, &self.dir, &shares);
+        let mut written = self.written.lock();
+        if *written == text {
+            return Ok(false);
+        }
+        users::write_whole(&self.dir.join("smb.conf"), &text, 0o644)
+            .context("cannot write smb.conf")?;
+        *written = text;
+        Ok(true)
+    }
+
+    /// Writes the user, group and password files if the account store changed: whether
+    /// they were written.
+    fn write_users(&self, force: bool) -> Result<bool> {
+        let accounts = self.svc.accounts().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let generation = accounts.generation();
+        if !force && generation == self.accounts_at.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let all = accounts.users().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let groups = accounts.groups().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let f = users::render(&all, &groups);
+        users::write_whole(&self.dir.join("passwd"), &f.passwd, 0o644)?;
+        users::write_whole(&self.dir.join("group"), &f.group, 0o644)?;
+        users::write_whole(&self.dir.join("private/smbpasswd"), &f.smbpasswd, 0o600)?;
+        self.accounts_at.store(generation, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    fn spawn(&self) -> Result<Child> {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(&self.smbd);
+        cmd.args([
+            "--foreground",
+            "--no-process-group",
+            "--debug-stdout",
+            "--configfile",
+        ])
+        .arg(self.dir.join("smb.conf"))
+        .env("LD_PRELOAD", &self.nss)
+        .env("NSS_WRAPPER_PASSWD", self.dir.join("passwd"))
+        .env("NSS_WRAPPER_GROUP", self.dir.join("group"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.smbd.display()))?;
+        for out in [
+            child
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    let line = line.trim();
+                    if !line.is_empty() {
+                        println!("smbd: {line}");
+                    }
+                }
+            });
+        }
+        Ok(child)
+    }
+
+    /// Tells smbd (and the processes serving connections) to read its files again.
+    fn reload(&self) {
+        if let Some(c) = self.child.lock().as_ref() {
+            let _ = killpg(Pid::from_raw(c.id() as i32), Signal::SIGHUP);
+        }
+    }
+
+    /// Stops smbd and every process of its group.
+    fn kill(&self) {
+        let Some(mut c) = self.child.lock().take() else {
+            return;
+        };
+        let pgid = Pid::from_raw(c.id() as i32);
+        let _ = killpg(pgid, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = c.wait();
+    }
+
+    fn supervise(self: Arc<Self>, wake: mpsc::Receiver<()>) {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let _ = wake.recv_timeout(Duration::from_secs(1));
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let mut changed = false;
+            match self.write_users(false) {
+                Ok(c) => changed |= c,
+                Err(e) => eprintln!("smb: cannot write the user files: {e:#}"),
+            }
+            match self.write_conf() {
+                Ok(c) => changed |= c,
+                Err(e) => eprintln!("smb: {e:#}"),
+            }
+            let died = {
+                let mut g = self.child.lock();
+                match g.as_mut().map(Child::try_wait) {
+                    Some(Ok(Some(status))) => {
+                        g.take();
+                        Some(status.to_string())
+                    }
+                    None => Some("not running".to_string()),
+                    _ => None,
+                }
+            };
+            if let Some(why) = died {
+                if self.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                let n = self.restarts.fetch_add(1, Ordering::SeqCst) + 1;
+                println!("smb: smbd stopped ({why}); starting it again (restart {n})");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                match self.spawn() {
+                    Ok(c) => *self.child.lock() = Some(c),
+                    Err(e) => eprintln!("smb: {e:#}"),
+                }
+            } else {
+                backoff = Duration::from_millis(250);
+                if changed {
+                    self.reload();
+                }
+            }
+        }
+    }
+}
+
+impl SmbServer {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// The smb shares that are not served, and why.
+    pub fn problems(&self) -> BTreeMap<String, String> {
+        self.inner.problems.lock().clone()
+    }
+
+    /// How many times smbd was started again after it stopped.
+    pub fn restarts(&self) -> u64 {
+        self.inner.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Stops smbd and its connections.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        let _ = self.inner.wake.lock().send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.inner.kill();
+    }
+}
+
+impl Drop for SmbServer {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+/// Whether something answers TCP at `addr`.
+fn listening(addr: SocketAddr) -> bool {
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+/// Serves `svc`'s smb shares with smbd on `opts.addr`, its files under `DATA_DIR/smb`.
+pub fn start(svc: Arc<Service>, opts: SmbOptions) -> Result<SmbServer> {
+    if let Some(why) = missing() {
+        bail!("cannot serve SMB: {why}");
+    }
+    if !nix::unistd::geteuid().is_root() {
+        bail!("cannot serve SMB: smbd serves each user as that user's uid, so tank serve must run as root");
+    }
+    let smbd = find_program("smbd").expect("checked");
+    let nss = find_nss_wrapper().expect("checked");
+    // The port, chosen now where 0 was given (smbd is told a number).
+    let addr = {
+        let l = std::net::TcpListener::bind(opts.addr)
+            .with_context(|| format!("cannot listen on {}", opts.addr))?;
+        l.local_addr()?
+    };
+    let dir = svc.data_dir().join("smb");
+    for sub in ["private", "lock", "state", "cache", "run", "log"] {
+        std::fs::create_dir_all(dir.join(sub))
+            .with_context(|| format!("cannot make {}", dir.join(sub).display()))?;
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o700))?;
+    }
+    let (tx, rx) = mpsc::channel();
+    let inner = Arc::new(Inner {
+        svc: svc.clone(),
+        addr,
+        dir: dir.clone(),
+        smbd,
+        nss,
+        child: Mutex::new(None),
+        stopping: AtomicBool::new(false),
+        problems: Mutex::new(BTreeMap::new()),
+        written: Mutex::new(String::new()),
+        accounts_at: AtomicU64::new(0),
+        restarts: AtomicU64::new(0),
+        wake: Mutex::new(tx.clone()),
+    });
+    inner.write_users(true)?;
+    inner.write_conf()?;
+    *inner.child.lock() = Some(inner.spawn()?);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listening(addr) {
+        let exited = inner
+            .child
+            .lock()
+            .as_mut()
+            .map(|c| c.try_wait())
+            .and_then(Result::ok)
+            .flatten();
+        if let Some(status) = exited {
+            bail!(
+                "smbd stopped at its start ({status}); its log: {}",
+                log_tail(&dir)
+            );
+        }
+        if Instant::now() > deadline {
+            inner.kill();
+            bail!(
+                "smbd did not listen on {addr} within 20 s; its log: {}",
+                log_tail(&dir)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    svc.shares.watch(Arc::new(Watcher { wake: tx }));
+    let sup = inner.clone();
+    let thread = std::thread::Builder::new()
+        .name("tank-smb".into())
+        .spawn(move || sup.supervise(rx))?;
+    Ok(SmbServer {
+        inner,
+        thread: Some(thread),
+    })
+}
+
+/// The last lines of smbd's log file, for an error message.
+fn log_tail(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("log/smbd.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    if lines.is_empty() {
+        "(empty)".into()
+    } else {
+        lines.into_iter().rev().collect::<Vec<_>>().join(" / ")
+    }
+}

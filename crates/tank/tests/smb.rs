@@ -1,0 +1,382 @@
+//! SMB as a real client uses it: smbclient against `tank serve --smb` on 127.0.0.1, which
+//! runs Samba's smbd with the configuration and user files tank writes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    child: Child,
+    port: u16,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `tank serve --smb 127.0.0.1:0`; returns once it listens, with smbd's port.
+fn serve(data: &Path) -> Daemon {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["serve", "--no-api", "--smb", "127.0.0.1:0"])
+        .env("TANK_DATA_DIR", data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    for out in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let mut port = None;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the daemon did not start");
+        if let Some(a) = line.strip_prefix("smb: 127.0.0.1:") {
+            port = a.trim().parse().ok();
+        }
+        assert!(!line.starts_with("warning: cannot serve SMB"), "{line}");
+        if line.starts_with("listening on ") {
+            break;
+        }
+    }
+    Daemon {
+        child,
+        port: port.expect("the daemon printed its SMB address"),
+        lines: rx,
+    }
+}
+
+fn tank(data: &Path, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "tank {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// smbclient on `share` as `user` (`None`: a guest) running `commands` in `dir`: its exit
+/// status and its output.
+fn smbclient(
+    port: u16,
+    share: &str,
+    user: Option<(&str, &str)>,
+    dir: &Path,
+    commands: &str,
+) -> (bool, String) {
+    let mut cmd = Command::new("timeout");
+    cmd.args([
+        "60",
+        "smbclient",
+        "-s",
+        "/dev/null",
+        "-p",
+        &port.to_string(),
+        "-m",
+        "SMB3",
+    ])
+    .arg(format!("//127.0.0.1/{share}"))
+    .current_dir(dir);
+    match user {
+        Some((u, p)) => cmd.arg("-U").arg(format!("{u}%{p}")),
+        None => cmd.arg("-N"),
+    };
+    let out = cmd.args(["-c", commands]).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // smbclient exits 0 after a command that failed: its NT_STATUS says so.
+    (out.status.success() && !text.contains("NT_STATUS_"), text)
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Why this test cannot run here, if it cannot.
+fn missing() -> Option<String> {
+    if let Some(why) = tank_smb::missing() {
+        return Some(why);
+    }
+    if Command::new("smbclient").arg("--version").output().is_err() {
+        return Some("smbclient is not installed (apt-get install smbclient)".into());
+    }
+    if let Some(why) = common::fuse_missing() {
+        return Some(format!("SMB serves the datasets' FUSE mounts: {why}"));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Some("smbd serves each user as its uid: the test must run as root".into());
+    }
+    None
+}
+
+/// The smbclient workout: accounts and their passwords, users and groups of a share,
+/// guests, read-only shares, large files both ways, the same files through the local
+/// mount, a password change and a share change taking effect live, smbd killed and
+/// started again by tank.
+#[test]
+fn smbclient_workout() {
+    const NAME: &str = "smbclient_workout";
+    if let Some(why) = missing() {
+        return common::skip(NAME, &why);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let d = serve(&data);
+    tank(&data, &["group", "add", "staff"], None);
+    tank(
+        &data,
+        &["user", "add", "alice", "--group", "staff"],
+        Some("alice-pass-1\n"),
+    );
+    tank(&data, &["user", "add", "bob"], Some("bob-pass-11\n"));
+    for ds in ["tank/docs", "tank/ro", "tank/pub"] {
+        tank(&data, &["dataset", "create", ds], None);
+    }
+    tank(
+        &data,
+        &[
+            "share",
+            "add",
+            "smb",
+            "docs",
+            "tank/docs",
+            "-o",
+            "users=alice",
+        ],
+        None,
+    );
+    tank(
+        &data,
+        &[
+            "share",
+            "add",
+            "smb",
+            "ro",
+            "tank/ro",
+            "-o",
+            "groups=staff",
+            "-o",
+            "ro=on",
+        ],
+        None,
+    );
+    tank(
+        &data,
+        &["share", "add", "smb", "pub", "tank/pub", "-o", "guest=on"],
+        None,
+    );
+    // The share's directory is alice's (a new dataset's root is root's, mode 0755, and
+    // SMB writes as the account: its owner is the administrator's to give).
+    let mount = data.join("mnt/tank/docs");
+    std::os::unix::fs::chown(&mount, Some(1000), Some(1000)).unwrap();
+    let alice = Some(("alice", "alice-pass-1"));
+    // Wait for the shares to reach smbd (it is told within a second).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, out) = smbclient(d.port, "docs", alice, &work, "ls");
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the docs share never came: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // Put, list, get, rename, mkdir, delete.
+    std::fs::write(work.join("hello.txt"), b"hello over SMB\n").unwrap();
+    let (ok, out) = smbclient(
+        d.port,
+        "docs",
+        alice,
+        &work,
+        "put hello.txt; mkdir sub; put hello.txt sub/copy.txt; rename hello.txt renamed.txt; ls; get renamed.txt back.txt",
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("renamed.txt") && out.contains("sub"), "{out}");
+    assert_eq!(
+        std::fs::read(work.join("back.txt")).unwrap(),
+        b"hello over SMB\n"
+    );
+    let meta = std::fs::metadata(mount.join("renamed.txt")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.uid(), 1000, "a file written over SMB is alice's");
+    let (ok, out) = smbclient(
+        d.port,
+        "docs",
+        alice,
+        &work,
+        "del sub/copy.txt; rmdir sub; ls",
+    );
+    assert!(ok && !out.contains(" sub "), "{out}");
+    assert!(!mount.join("sub").exists());
+
+    // The local mount's files are the share's, and the other way round.
+    std::fs::write(mount.join("from-mount.txt"), b"written locally").unwrap();
+    let (ok, out) = smbclient(d.port, "docs", alice, &work, "get from-mount.txt fm.txt");
+    assert!(ok, "{out}");
+    assert_eq!(
+        std::fs::read(work.join("fm.txt")).unwrap(),
+        b"written locally"
+    );
+
+    // 48 MiB both ways, compared.
+    let big = work.join("big.bin");
+    {
+        let mut f = std::fs::File::create(&big).unwrap();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut buf = vec![0u8; 1 << 20];
+        for _ in 0..48 {
+            for b in buf.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            f.write_all(&buf).unwrap();
+        }
+    }
+    let (ok, out) = smbclient(
+        d.port,
+        "docs",
+        alice,
+        &work,
+        "put big.bin; get big.bin big-back.bin",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(sha256(&big), sha256(&work.join("big-back.bin")));
+    assert_eq!(
+        sha256(&big),
+        sha256(&mount.join("big.bin")),
+        "the same bytes in the mount"
+    );
+
+    // Refusals: a wrong password, a user not of the share, a guest where none is allowed,
+    // a write to a read-only share.
+    let (ok, out) = smbclient(d.port, "docs", Some(("alice", "wrong-pass")), &work, "ls");
+    assert!(!ok && out.contains("NT_STATUS_LOGON_FAILURE"), "{out}");
+    let (ok, out) = smbclient(d.port, "docs", Some(("bob", "bob-pass-11")), &work, "ls");
+    assert!(!ok && out.contains("NT_STATUS_ACCESS_DENIED"), "{out}");
+    let (ok, out) = smbclient(d.port, "docs", None, &work, "ls");
+    assert!(!ok, "a guest on a share without guests: {out}");
+    let (ok, out) = smbclient(d.port, "pub", None, &work, "ls");
+    assert!(ok, "a guest where guests are allowed: {out}");
+    let (ok, out) = smbclient(d.port, "ro", alice, &work, "ls");
+    assert!(ok, "alice is of staff: {out}");
+    let (ok, out) = smbclient(d.port, "ro", alice, &work, "put hello.txt");
+    assert!(
+        !ok && (out.contains("NT_STATUS_ACCESS_DENIED")
+            || out.contains("NT_STATUS_MEDIA_WRITE_PROTECTED")),
+        "{out}"
+    );
+    let (ok, out) = smbclient(d.port, "ro", Some(("bob", "bob-pass-11")), &work, "ls");
+    assert!(!ok, "bob is not of staff: {out}");
+
+    // A password change counts at the next login.
+    tank(&data, &["user", "passwd", "alice"], Some("alice-pass-2\n"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok_new, _) = smbclient(d.port, "docs", Some(("alice", "alice-pass-2")), &work, "ls");
+        let (ok_old, _) = smbclient(d.port, "docs", alice, &work, "ls");
+        if ok_new && !ok_old {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new password never took");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let alice = Some(("alice", "alice-pass-2"));
+
+    // A share change counts at once: docs made read-only refuses the next write.
+    tank(&data, &["share", "set", "docs", "ro=on"], None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, _) = smbclient(d.port, "docs", alice, &work, "put hello.txt after-ro.txt");
+        if !ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "docs never became read-only");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    tank(&data, &["share", "set", "docs", "ro=off"], None);
+
+    // smbd killed: tank starts it again, and the share serves on.
+    let conf = data.join("smb/smb.conf");
+    let killed = Command::new("pkill")
+        .args(["-KILL", "-f", &format!("smbd.*{}", conf.display())])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "no smbd of ours to kill");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, _) = smbclient(d.port, "docs", alice, &work, "ls");
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "smbd was not started again");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let mut restarted = false;
+    while let Ok(l) = d.lines.try_recv() {
+        restarted |= l.contains("starting it again");
+    }
+    assert!(restarted, "tank said nothing of the restart");
+    // Nothing of Samba's outside the data directory.
+    assert!(data.join("smb/private/smbpasswd").exists());
+    let text = std::fs::read_to_string(&conf).unwrap();
+    assert!(!text.contains("/etc/samba"), "{text}");
+}
