@@ -313,6 +313,7 @@ impl Exports {
             me: me.clone(),
             stopped: std::sync::atomic::AtomicBool::new(false),
         });
+        svc.shares.serving("nfs", true);
         e.refresh();
         svc.shares.watch(e.clone());
         e
@@ -352,6 +353,14 @@ impl Exports {
                     problems.insert(s.name.clone(), why);
                 }
             }
+        }
+        for x in &next {
+            self.svc.shares.set_state("nfs", &x.name, None);
+        }
+        for (name, why) in &problems {
+            self.svc
+                .shares
+                .set_state("nfs", name, Some(format!("not served: {why}")));
         }
         *self.table.write() = next;
         let mut seen = self.problems.write();
@@ -425,6 +434,7 @@ impl Exports {
         self.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.table.write().clear();
+        self.svc.shares.serving("nfs", false);
     }
 }
 

@@ -179,6 +179,7 @@ impl Buckets {
             me: me.clone(),
             stopped: std::sync::atomic::AtomicBool::new(false),
         });
+        svc.shares.serving("s3", true);
         b.refresh();
         svc.shares.watch(b.clone());
         b
@@ -219,6 +220,14 @@ impl Buckets {
                     problems.insert(s.name.clone(), why);
                 }
             }
+        }
+        for name in next.keys() {
+            self.svc.shares.set_state("s3", name, None);
+        }
+        for (name, why) in &problems {
+            self.svc
+                .shares
+                .set_state("s3", name, Some(format!("not served: {why}")));
         }
         *self.table.write() = next;
         let mut seen = self.problems.write();
@@ -287,6 +296,7 @@ impl Buckets {
         self.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.table.write().clear();
+        self.svc.shares.serving("s3", false);
     }
 
     /// Lets go of one bucket's dataset now (before its share is removed and its dataset

@@ -43,6 +43,10 @@ pub struct ShareInfo {
     pub name: String,
     pub dataset: String,
     pub options: BTreeMap<String, String>,
+    /// What the protocol's server does with it now (`served`, or `not served: why`), as
+    /// listed; none in a change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 /// What changed, for the servers of the protocol.
@@ -375,6 +379,11 @@ pub fn validate(
 #[derive(Default)]
 pub struct Registry {
     watchers: Mutex<Vec<Arc<dyn ShareWatcher>>>,
+    /// The protocols whose servers run in this process.
+    serving: Mutex<std::collections::BTreeSet<String>>,
+    /// What those servers said of each share, by protocol and share name (none said:
+    /// `served`).
+    states: Mutex<BTreeMap<(String, String), String>>,
 }
 
 impl Registry {
@@ -393,6 +402,37 @@ impl Registry {
         }
     }
 
+    /// A protocol's server runs (`on`) or stopped: its shares are listed as served (or as
+    /// it says) or not.
+    pub fn serving(&self, protocol: &str, on: bool) {
+        if on {
+            self.serving.lock().insert(protocol.to_string());
+        } else {
+            self.serving.lock().remove(protocol);
+            self.states.lock().retain(|(p, _), _| p != protocol);
+        }
+    }
+
+    /// What the `protocol` server says of its share `name` (none: served).
+    pub fn set_state(&self, protocol: &str, name: &str, state: Option<String>) {
+        let k = (protocol.to_string(), name.to_string());
+        match state {
+            Some(s) => self.states.lock().insert(k, s),
+            None => self.states.lock().remove(&k),
+        };
+    }
+
+    fn state_of(&self, protocol: &str, name: &str) -> String {
+        if !self.serving.lock().contains(protocol) {
+            return format!("not served: no {protocol} listener (tank serve --{protocol})");
+        }
+        self.states
+            .lock()
+            .get(&(protocol.to_string(), name.to_string()))
+            .cloned()
+            .unwrap_or_else(|| "served".to_string())
+    }
+
     /// Every share of the pools, by name.
     pub fn list(&self, pools: &[Arc<Dsl>]) -> Vec<ShareInfo> {
         let mut out = Vec::new();
@@ -400,11 +440,13 @@ impl Registry {
             for id in dsl.all_ids() {
                 let Ok(rec) = dsl.record(id) else { continue };
                 for s in rec.shares {
+                    let state = Some(self.state_of(&s.protocol, &s.name));
                     out.push(ShareInfo {
                         protocol: s.protocol,
                         name: s.name,
                         dataset: dsl.name_of(id),
                         options: s.options,
+                        state,
                     });
                 }
             }
@@ -420,7 +462,8 @@ impl Registry {
                 .into_iter()
                 .find(|s| s.name == name)
             {
-                return Ok((s, dsl.clone()));
+                // Changes carry the share, not what a server says of it.
+                return Ok((ShareInfo { state: None, ..s }, dsl.clone()));
             }
         }
         Err(ServiceError::NotFound(format!("no such share '{name}'")))
@@ -488,6 +531,7 @@ impl Registry {
             name: name.to_string(),
             dataset: dataset.to_string(),
             options,
+            state: None,
         };
         self.notify(ShareChange::Added(info.clone()));
         Ok(info)

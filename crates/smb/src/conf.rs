@@ -128,13 +128,14 @@ pub fn render(addr: SocketAddr, dir: &Path, shares: &[ShareConf]) -> String {
             }
         }
         if sh.previous_versions {
-            // Snapshots are directories of `.tank/snapshot/`; those named by their time
-            // (`@GMT-YYYY.MM.DD-HH.MM.SS`, as Windows' Previous Versions names them) are
-            // shown as the share's earlier versions.
+            // Snapshots are directories of `.tank/snapshot/`; those named by their UTC time
+            // (`GMT-YYYY.MM.DD-HH.MM.SS`, the name Windows' Previous Versions gives a
+            // version, without its `@`, which snapshot names cannot hold) are shown as the
+            // share's earlier versions.
             let _ = writeln!(
                 s,
                 "\tshadow:snapdir = .tank/snapshot\n\
-                 \tshadow:format = @GMT-%Y.%m.%d-%H.%M.%S\n\
+                 \tshadow:format = GMT-%Y.%m.%d-%H.%M.%S\n\
                  \tshadow:sort = desc\n\
                  \tshadow:localtime = no\n\
                  \tshadow:crossmountpoints = no"

@@ -197,6 +197,14 @@ impl Inner {
     /// Writes smb.conf if it changed: whether it did.
     fn write_conf(&self) -> Result<bool> {
         let (shares, problems) = self.shares();
+        for sh in &shares {
+            self.svc.shares.set_state("smb", &sh.name, None);
+        }
+        for (name, why) in &problems {
+            self.svc
+                .shares
+                .set_state("smb", name, Some(format!("not served: {why}")));
+        }
         {
             let mut seen = self.problems.lock();
             for (name, why) in &problems {
@@ -381,6 +389,7 @@ impl SmbServer {
             let _ = t.join();
         }
         self.inner.kill();
+        self.inner.svc.shares.serving("smb", false);
     }
 }
 
@@ -463,6 +472,7 @@ pub fn start(svc: Arc<Service>, opts: SmbOptions) -> Result<SmbServer> {
         std::thread::sleep(Duration::from_millis(50));
     }
     svc.shares.watch(Arc::new(Watcher { wake: tx }));
+    svc.shares.serving("smb", true);
     let sup = inner.clone();
     let thread = std::thread::Builder::new()
         .name("tank-smb".into())

@@ -86,7 +86,7 @@ pub fn run(c: ShareCmd) -> Result<()> {
             } else {
                 let mut t = Table::new();
                 t.load_style(presets::NOTHING);
-                t.set_header(vec!["NAME", "PROTOCOL", "DATASET", "OPTIONS"]);
+                t.set_header(vec!["NAME", "PROTOCOL", "DATASET", "STATE", "OPTIONS"]);
                 for s in &all {
                     let o: Vec<String> =
                         s.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -94,6 +94,7 @@ pub fn run(c: ShareCmd) -> Result<()> {
                         s.name.clone(),
                         s.protocol.clone(),
                         s.dataset.clone(),
+                        s.state.clone().unwrap_or_else(|| "-".into()),
                         o.join(" "),
                     ]);
                 }

@@ -327,6 +327,59 @@ fn smbclient_workout() {
     let (ok, out) = smbclient(d.port, "ro", Some(("bob", "bob-pass-11")), &work, "ls");
     assert!(!ok, "bob is not of staff: {out}");
 
+    // A snapshot named by its time is a Previous Version of the files it holds.
+    tank(
+        &data,
+        &["snapshot", "tank/docs@GMT-2026.11.27-10.00.00"],
+        None,
+    );
+    std::fs::write(mount.join("renamed.txt"), b"changed after the snapshot").unwrap();
+    let (ok, out) = smbclient(d.port, "docs", alice, &work, "allinfo renamed.txt");
+    assert!(ok && out.contains("@GMT-2026.11.27-10.00.00"), "{out}");
+    let (ok, out) = smbclient(
+        d.port,
+        "docs",
+        alice,
+        &work,
+        "get @GMT-2026.11.27-10.00.00/renamed.txt old.txt",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        std::fs::read(work.join("old.txt")).unwrap(),
+        b"hello over SMB\n"
+    );
+
+    // Each share's state: served, or not and why.
+    tank(
+        &data,
+        &["dataset", "create", "-o", "mountpoint=none", "tank/nomount"],
+        None,
+    );
+    tank(
+        &data,
+        &["share", "add", "smb", "nomount", "tank/nomount"],
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list: serde_json::Value =
+            serde_json::from_str(&tank(&data, &["share", "list", "--json"], None)).unwrap();
+        let state = |n: &str| {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == n)
+                .and_then(|s| s["state"].as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        if state("docs") == "served" && state("nomount").contains("not mounted") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "states: {list}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
     // A password change counts at the next login.
     tank(&data, &["user", "passwd", "alice"], Some("alice-pass-2\n"));
     let deadline = Instant::now() + Duration::from_secs(20);
