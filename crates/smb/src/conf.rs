@@ -82,8 +82,7 @@ pub fn render(addr: SocketAddr, dir: &Path, shares: &[ShareConf]) -> String {
          \tkernel share modes = no\n\
          \tsmb2 leases = yes\n\
          \tfruit:metadata = stream\n\
-         \tfruit:model = MacPro7,1@ECOLOR=226,226,224\n\
-         \tfruit:nfs_aces = no\n\
+         \tfruit:copyfile = yes\n\
          \tfruit:zero_file_id = yes\n",
         port = addr.port(),
         ip = addr.ip(),

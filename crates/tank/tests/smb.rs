@@ -433,3 +433,86 @@ fn smbclient_workout() {
     let text = std::fs::read_to_string(&conf).unwrap();
     assert!(!text.contains("/etc/samba"), "{text}");
 }
+
+/// The smbtorture suites run against tank's shares (docs/SMB.md has the counts): macOS'
+/// (vfs.fruit, its file ids, Time Machine's volume size on a Time Machine share) and the
+/// SMB2 basics (locks, reads and writes, creates, information, directories, renames,
+/// streams, delete-on-close). What passes now must keep passing.
+#[test]
+fn smbtorture_subset() {
+    const NAME: &str = "smbtorture_subset";
+    if let Some(why) = missing() {
+        return common::skip(NAME, &why);
+    }
+    if Command::new("smbtorture")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return common::skip(
+            NAME,
+            "smbtorture is not installed (apt-get install samba-testsuite)",
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = serve(&data);
+    tank(&data, &["user", "add", "alice"], Some("alice-pass-1\n"));
+    for (ds, share, extra) in [
+        ("tank/t", "t", vec![]),
+        (
+            "tank/tm",
+            "tm",
+            vec!["-o", "timemachine=on", "-o", "timemachine_quota=32K"],
+        ),
+    ] {
+        tank(&data, &["dataset", "create", ds], None);
+        let dir = data.join("mnt").join(ds);
+        std::os::unix::fs::chown(&dir, Some(1000), Some(100)).unwrap();
+        let mut args = vec!["share", "add", "smb", share, ds, "-o", "users=alice"];
+        args.extend(extra);
+        tank(&data, &args, None);
+    }
+    let work = tmp.path();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !smbclient(d.port, "tm", Some(("alice", "alice-pass-1")), work, "ls").0 {
+        assert!(Instant::now() < deadline, "the shares never came");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let suites: &[(&str, &str)] = &[
+        ("t", "vfs.fruit"),
+        ("t", "vfs.fruit_file_id"),
+        ("tm", "vfs.fruit_timemachine"),
+        ("t", "smb2.lock"),
+        ("t", "smb2.read"),
+        ("t", "smb2.rw"),
+        ("t", "smb2.create"),
+        ("t", "smb2.getinfo"),
+        ("t", "smb2.dir"),
+        ("t", "smb2.rename"),
+        ("t", "smb2.streams"),
+        ("t", "smb2.delete-on-close-perms"),
+    ];
+    let (mut passed, mut failed) = (0, 0);
+    let mut report = String::new();
+    for (share, suite) in suites {
+        let out = Command::new("timeout")
+            .args(["300", "smbtorture"])
+            .arg(format!("//127.0.0.1/{share}"))
+            .args(["-p", &d.port.to_string(), "-U", "alice%alice-pass-1", suite])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let count = |what: &str| text.lines().filter(|l| l.starts_with(what)).count();
+        let (p, f) = (count("success: "), count("failure: ") + count("error: "));
+        report.push_str(&format!("{suite}: {p} passed, {f} failed\n"));
+        passed += p;
+        failed += f;
+    }
+    eprintln!("{report}smbtorture: {passed} passed, {failed} failed");
+    // The counts of docs/SMB.md, less a margin for tests that depend on timing.
+    assert!(
+        passed >= 100,
+        "fewer smbtorture tests pass than before:\n{report}"
+    );
+}
