@@ -186,12 +186,34 @@ impl Inner {
                 timemachine_max: s
                     .options
                     .get("timemachine_quota")
-                    .and_then(|v| v.parse().ok()),
+                    .and_then(|v| v.parse().ok())
+                    .or_else(|| {
+                        on(&s, "timemachine")
+                            .then(|| self.quota_of(&s.dataset))
+                            .flatten()
+                    }),
                 previous_versions: on(&s, "previous_versions"),
                 comment: s.options.get("comment").cloned(),
             });
         }
         (out, problems)
+    }
+
+    /// The quota of `dataset` (none where it has none): what Time Machine is told the
+    /// share can hold when the share gives no size of its own.
+    fn quota_of(&self, dataset: &str) -> Option<u64> {
+        let req = Request::DatasetList {
+            names: vec![dataset.to_string()],
+            recursive: false,
+        };
+        match self.svc.handle(&Self::admin(), req, None).0 {
+            Ok(Response::Datasets { datasets }) => datasets
+                .first()
+                .and_then(|d| d.prop("quota"))
+                .and_then(|q| q.parse::<u64>().ok())
+                .filter(|q| *q > 0),
+            _ => None,
+        }
     }
 
     /// Writes smb.conf if it changed: whether it did.

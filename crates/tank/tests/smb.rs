@@ -380,6 +380,38 @@ fn smbclient_workout() {
         std::thread::sleep(Duration::from_millis(300));
     }
 
+    // A Time Machine share without a size of its own is told its dataset's quota.
+    tank(
+        &data,
+        &["dataset", "create", "-o", "quota=64M", "tank/tm"],
+        None,
+    );
+    tank(
+        &data,
+        &[
+            "share",
+            "add",
+            "smb",
+            "tm",
+            "tank/tm",
+            "-o",
+            "timemachine=on",
+        ],
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let conf = std::fs::read_to_string(data.join("smb/smb.conf")).unwrap_or_default();
+        if conf.contains("[tm]") && conf.contains("fruit:time machine max size = 67108864") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the quota never reached smb.conf: {conf}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
     // A password change counts at the next login.
     tank(&data, &["user", "passwd", "alice"], Some("alice-pass-2\n"));
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -428,6 +460,35 @@ fn smbclient_workout() {
         restarted |= l.contains("starting it again");
     }
     assert!(restarted, "tank said nothing of the restart");
+    // A dataset renamed while shared: the share follows it to its new mount.
+    tank(
+        &data,
+        &["dataset", "rename", "tank/docs", "tank/papers"],
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, out) = smbclient(
+            d.port,
+            "docs",
+            alice,
+            &work,
+            "get renamed.txt after-rename.txt",
+        );
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the share did not follow the rename: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        std::fs::read(work.join("after-rename.txt")).unwrap(),
+        b"changed after the snapshot"
+    );
+
     // Nothing of Samba's outside the data directory.
     assert!(data.join("smb/private/smbpasswd").exists());
     let text = std::fs::read_to_string(&conf).unwrap();
