@@ -717,42 +717,11 @@ pub async fn upload_part_copy(
     }))
 }
 
-/// Aborts the uploads of keys within `prefix` begun before `before` (seconds since 1970),
-/// as a lifecycle rule does: how many were aborted.
-pub fn abort_older(fs: &Fs, prefix: &str, before: i64) -> Res<usize> {
-    let uploads = store::own_dir(fs, "uploads")?;
-    let mut ids = Vec::new();
-    let mut cookie = 0;
-    loop {
-        let batch = fs.readdir(&root(), uploads, cookie, 1024)?;
-        let Some(last) = batch.last() else { break };
-        cookie = last.cookie;
-        ids.extend(
-            batch
-                .into_iter()
-                .filter(|e| e.kind == FileKind::Dir)
-                .filter_map(|e| String::from_utf8(e.name).ok())
-                .filter(|n| n != "." && n != ".."),
-        );
-    }
-    let mut n = 0;
-    for id in ids {
-        if let Some((dir, up)) = upload_dir(fs, &id)? {
-            if up.key.starts_with(prefix) && up.created < before {
-                remove_upload(fs, &id, dir)?;
-                n += 1;
-            }
-        }
-    }
-    if n > 0 {
-        fs.fsync(uploads, false)?;
-    }
-    Ok(n)
-}
-
-/// Removes the uploads whose object was made and is durable but whose parts were not yet
-/// removed when the server stopped (a crash within a complete): how many.
-pub fn clean_completed(fs: &Fs) -> Res<usize> {
+/// Removes every upload for which `gone` says so: how many were removed.
+fn remove_uploads_where(
+    fs: &Fs,
+    mut gone: impl FnMut(&Fs, &str, &Upload) -> Res<bool>,
+) -> Res<usize> {
     let Ok(own) = fs.lookup(
         &root(),
         tank_dataset::posix::ROOT_INO,
@@ -782,10 +751,7 @@ pub fn clean_completed(fs: &Fs) -> Res<usize> {
         let Some((dir, up)) = upload_dir(fs, &id)? else {
             continue;
         };
-        let done = versions::versions_of(fs, &up.key)?
-            .iter()
-            .any(|(o, _)| store::record_of(fs, o.ino).and_then(|r| r.upload) == Some(id.clone()));
-        if done {
+        if gone(fs, &id, &up)? {
             remove_upload(fs, &id, dir)?;
             n += 1;
         }
@@ -794,4 +760,25 @@ pub fn clean_completed(fs: &Fs) -> Res<usize> {
         fs.fsync(uploads.ino, false)?;
     }
     Ok(n)
+}
+
+/// Aborts the uploads of keys within `prefix` begun before `before` (seconds since 1970),
+/// as a lifecycle rule does: how many were aborted.
+pub fn abort_older(fs: &Fs, prefix: &str, before: i64) -> Res<usize> {
+    remove_uploads_where(fs, |_, _, up| {
+        Ok(up.key.starts_with(prefix) && up.created < before)
+    })
+}
+
+/// Removes the uploads whose object was made and is durable but whose parts were not yet
+/// removed when the server stopped (a crash within a complete): how many.
+pub fn clean_completed(fs: &Fs) -> Res<usize> {
+    remove_uploads_where(fs, |fs, id, up| {
+        Ok(versions::versions_of(fs, &up.key)?.iter().any(|(o, _)| {
+            store::record_of(fs, o.ino)
+                .and_then(|r| r.upload)
+                .as_deref()
+                == Some(id)
+        }))
+    })
 }

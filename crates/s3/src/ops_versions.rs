@@ -285,10 +285,7 @@ async fn change_lock(
     crate::ops::check_key(key)?;
     let (b, fs) = s.bucket(bucket, p, true)?;
     if !b.object_lock {
-        return Err(s3_error!(
-            InvalidRequest,
-            "Bucket is missing Object Lock Configuration"
-        ));
+        return Err(no_lock());
     }
     s.find_version(&fs, key, version).await?;
     let (k, v) = (key.to_string(), version.map(str::to_string));
@@ -365,15 +362,7 @@ pub async fn get_object_retention(
 ) -> S3Result<S3Response<GetObjectRetentionOutput>> {
     let p = s.principal(req.credentials.as_ref())?;
     let i = req.input;
-    crate::ops::check_key(&i.key)?;
-    let (b, fs) = s.bucket(&i.bucket, &p, false)?;
-    if !b.object_lock {
-        return Err(s3_error!(
-            InvalidRequest,
-            "Bucket is missing Object Lock Configuration"
-        ));
-    }
-    let o = s.find_version(&fs, &i.key, i.version_id.as_deref()).await?;
+    let o = lock_version(s, &p, &i.bucket, &i.key, i.version_id.as_deref()).await?;
     let r = o.retention.ok_or_else(|| {
         s3_error!(
             NoSuchObjectLockConfiguration,
@@ -427,15 +416,7 @@ pub async fn get_object_legal_hold(
 ) -> S3Result<S3Response<GetObjectLegalHoldOutput>> {
     let p = s.principal(req.credentials.as_ref())?;
     let i = req.input;
-    crate::ops::check_key(&i.key)?;
-    let (b, fs) = s.bucket(&i.bucket, &p, false)?;
-    if !b.object_lock {
-        return Err(s3_error!(
-            InvalidRequest,
-            "Bucket is missing Object Lock Configuration"
-        ));
-    }
-    let o = s.find_version(&fs, &i.key, i.version_id.as_deref()).await?;
+    let o = lock_version(s, &p, &i.bucket, &i.key, i.version_id.as_deref()).await?;
     Ok(S3Response::new(GetObjectLegalHoldOutput {
         legal_hold: Some(ObjectLockLegalHold {
             status: Some(ObjectLockLegalHoldStatus::from_static(if o.legal_hold {
@@ -445,4 +426,28 @@ pub async fn get_object_legal_hold(
             })),
         }),
     }))
+}
+
+/// The error of a lock request to a bucket without Object Lock.
+fn no_lock() -> s3s::S3Error {
+    s3_error!(
+        InvalidRequest,
+        "Bucket is missing Object Lock Configuration"
+    )
+}
+
+/// The version a lock read asks for, in a bucket with Object Lock that `p` may read.
+async fn lock_version(
+    s: &TankS3,
+    p: &crate::buckets::Principal,
+    bucket: &str,
+    key: &str,
+    version: Option<&str>,
+) -> S3Result<store::Obj> {
+    crate::ops::check_key(key)?;
+    let (b, fs) = s.bucket(bucket, p, false)?;
+    if !b.object_lock {
+        return Err(no_lock());
+    }
+    s.find_version(&fs, key, version).await
 }
