@@ -18,6 +18,8 @@
 //! open, and then nothing changes. Dropping a handle still mounted unmounts it the same way,
 //! and if that is refused as busy, detaches it (MNT_DETACH): the mount disappears from the
 //! namespace at once and the session ends, and syncs, when the last open file is closed.
+//! `MountHandle::force_unmount` (a forced destroy) aborts a busy mount's connection
+//! instead (MNT_FORCE, then MNT_DETACH): its open files fail from then on.
 //! The free function `unmount` is for a mount owned by another process: plain umount2,
 //! lazy when busy, `fusermount -u -z` when not permitted.
 //! Before unmounting a path we check that the session is still alive, so that a mount made
@@ -146,6 +148,28 @@ impl MountHandle {
                 Ok(()) => {}
                 // Unmounted by someone else meanwhile: the session ends by itself.
                 Err(MountError::NotMounted(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.wait()
+    }
+
+    /// Unmounts even while files are open (`zfs destroy -f`): when a plain unmount is
+    /// refused as busy, the connection is aborted (MNT_FORCE), so that every open file and
+    /// working directory in it fails with ENOTCONN from then on, and the mount is detached
+    /// (MNT_DETACH); the session ends at once. For a dataset about to be destroyed.
+    pub fn force_unmount(&mut self) -> Result<(), MountError> {
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        if !session.is_finished() {
+            match umount_strict(&self.dir) {
+                Ok(()) | Err(MountError::NotMounted(_)) => {}
+                Err(MountError::Busy(_)) => {
+                    if umount2_forced(&self.dir).is_err() {
+                        return Err(MountError::Busy(self.dir.clone()));
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -540,6 +564,14 @@ fn umount_strict(dir: &Path) -> Result<(), MountError> {
             source: io::Error::from_raw_os_error(e as i32),
         },
     })
+}
+
+/// Aborts the connection of the FUSE mount at `dir` (MNT_FORCE) and detaches it.
+fn umount2_forced(dir: &Path) -> nix::Result<()> {
+    match nix::mount::umount2(dir, MntFlags::MNT_FORCE) {
+        Ok(()) => Ok(()),
+        Err(_) => nix::mount::umount2(dir, MntFlags::MNT_DETACH),
+    }
 }
 
 /// Unmounts the FUSE filesystem at `dir`, whoever serves it: a plain unmount, a lazy one

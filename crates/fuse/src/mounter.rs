@@ -61,6 +61,7 @@ impl Mounter for FuseMounter {
     fn mount(&self, req: MountRequest) -> Result<Box<dyn MountedFs>> {
         let mut opts = MountOptions::new(&req.dataset);
         opts.sync = req.sync;
+        opts.write_through = Some(req.write_through.clone());
         opts.observer = Some(Arc::new(Observer {
             protocols: req.protocols.clone(),
             ops: RwLock::new(HashMap::new()),
@@ -78,6 +79,10 @@ impl MountedFs for Mounted {
             crate::MountError::Busy(_) => tank_service::ServiceError::Busy(e.to_string()).into(),
             e => e.into(),
         })
+    }
+
+    fn force_unmount(&mut self) -> Result<()> {
+        Ok(self.0.force_unmount()?)
     }
 
     fn io_uring(&self) -> bool {

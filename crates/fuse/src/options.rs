@@ -58,6 +58,9 @@ pub struct MountOptions {
     pub exec: bool,
     /// Told of every request and how long it took (the service's per-protocol metrics).
     pub observer: Option<std::sync::Arc<dyn crate::RequestObserver>>,
+    /// The process group (a file server's) whose writable opens bypass the writeback
+    /// cache, so that a write's failure is the write's own error (`WriteThrough`).
+    pub write_through: Option<std::sync::Arc<tank_service::mounts::WriteThrough>>,
 }
 
 impl MountOptions {
@@ -77,6 +80,7 @@ impl MountOptions {
             devices: false,
             exec: true,
             observer: None,
+            write_through: None,
         }
     }
 

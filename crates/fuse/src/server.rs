@@ -70,6 +70,13 @@
 //!   6.6) could not map them shared, so there `always` keeps the page cache and only its
 //!   ARC half applies. The property is read at each open (the handle, `DIRECT_FH`, carries
 //!   the answer to its reads), so a `set` applies to the files opened after it.
+//! - Write-through for a file server (`WriteThrough`): a writable open by the process group
+//!   the service names (smbd's) gets FOPEN_DIRECT_IO while the writeback cache is on, so
+//!   its writes come here as they are made and a full quota or pool fails the write
+//!   itself; smbd acknowledges a client's write when `write(2)` returns and does not pass
+//!   on a failed `close`, where the cache would otherwise report it. The kernel writes the
+//!   file's cached dirty pages (the local mount's writers') back first and drops its
+//!   cached pages after each such write, so both keep one view of the file.
 //! - copy_file_range, lseek (SEEK_DATA/SEEK_HOLE), poll and locks are left to the kernel's
 //!   generic code (ENOSYS, or no capability asked).
 
@@ -176,6 +183,8 @@ pub(crate) struct Server {
     started: SystemTime,
     /// Told of each request and how long its handler took (the service's metrics).
     observer: Option<Arc<dyn crate::RequestObserver>>,
+    /// Whose writable opens bypass the writeback cache (`file_open`).
+    write_through: Option<Arc<tank_service::mounts::WriteThrough>>,
 }
 
 /// Tells the observer how long a request's handler took, when it returns.
@@ -216,6 +225,7 @@ impl Server {
             uring: Arc::default(),
             started: SystemTime::now(),
             observer: opts.observer.clone(),
+            write_through: opts.write_through.clone(),
         }
     }
 
@@ -525,7 +535,17 @@ impl Server {
     /// direct open (module header) gets `DIRECT_FH`, which its reads check, and under
     /// `direct=always` bypasses the page cache where the kernel can still map such a file
     /// shared. The property is read here, once per open.
-    fn file_open(&self, slot: u16, fs: &Fs, open_flags: i32) -> (FileHandle, FopenFlags) {
+    ///
+    /// A writable open by the write-through process group (a file server: smbd) also
+    /// bypasses the writeback cache, so that each of its writes reaches `Fs` before it is
+    /// answered and a full quota or pool fails that write (`WriteThrough`).
+    fn file_open(
+        &self,
+        req: &Request,
+        slot: u16,
+        fs: &Fs,
+        open_flags: i32,
+    ) -> (FileHandle, FopenFlags) {
         let mode = fs.direct_mode();
         let fh = FileHandle(if mode.applies(open_flags) {
             DIRECT_FH
@@ -537,9 +557,25 @@ impl Server {
                 | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
                 | FopenFlags::FOPEN_NOFLUSH;
             (fh, flags)
+        } else if self.writes_through(req, open_flags) {
+            let flags = FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+            (fh, flags)
         } else {
             (fh, self.open_flags(slot, false))
         }
+    }
+
+    /// Whether a writable open is the write-through group's (only where writes would
+    /// otherwise wait in the writeback cache).
+    fn writes_through(&self, req: &Request, open_flags: i32) -> bool {
+        let Some(group) = self.write_through.as_ref().and_then(|w| w.group()) else {
+            return false;
+        };
+        if !self.writeback || open_flags & libc::O_ACCMODE == libc::O_RDONLY {
+            return false;
+        }
+        let pid = nix::unistd::Pid::from_raw(req.pid() as i32);
+        nix::unistd::getpgid(Some(pid)).is_ok_and(|g| g.as_raw() == group)
     }
 
     /// Whether a read is direct: its open was, or O_DIRECT was set on the file since
@@ -574,7 +610,7 @@ impl Server {
                 Ok(if dir {
                     (FileHandle(0), self.open_flags(slot, dir))
                 } else {
-                    self.file_open(slot, &fs, flags)
+                    self.file_open(req, slot, &fs, flags)
                 })
             }
         }
@@ -1373,7 +1409,7 @@ impl Filesystem for Server {
         let _timed = self.timed("create");
         match self.do_create(req, parent, name, mode, umask, flags) {
             Ok(e) => {
-                let (fh, fopen) = self.file_open(LIVE_SLOT, self.slots.live(), flags);
+                let (fh, fopen) = self.file_open(req, LIVE_SLOT, self.slots.live(), flags);
                 // fuser has one TTL for both the name and the attributes here.
                 reply.created(
                     &e.entry_ttl.min(e.attr_ttl),

@@ -61,6 +61,31 @@ pub struct MountRequest {
     pub sync: tank_dataset::posix::SyncMode,
     /// Where the mount counts its requests (protocol `fuse`).
     pub protocols: Arc<crate::stats::ProtocolStats>,
+    /// The processes whose writes must not wait in a writeback cache (`WriteThrough`).
+    pub write_through: Arc<WriteThrough>,
+}
+
+/// The process group whose writable opens a mount serves past the kernel's writeback
+/// cache, so that each write reaches the filesystem before it is answered and a failure
+/// (a full quota or pool, EDQUOT or ENOSPC) is the write's own error: a file server that
+/// acknowledges what a client wrote once `write(2)` returns, as smbd does, and does not
+/// report a failed `close`. Everyone else keeps the cache. No group (0) by default.
+#[derive(Debug, Default)]
+pub struct WriteThrough {
+    group: std::sync::atomic::AtomicI32,
+}
+
+impl WriteThrough {
+    /// Serves the writes of process group `pgid` (`None`: nobody's) past the cache.
+    pub fn set(&self, pgid: Option<i32>) {
+        self.group
+            .store(pgid.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The group, if one is set.
+    pub fn group(&self) -> Option<i32> {
+        Some(self.group.load(std::sync::atomic::Ordering::SeqCst)).filter(|g| *g > 0)
+    }
 }
 
 /// A front end that serves filesystems at directories (the FUSE mount).
@@ -72,6 +97,10 @@ pub trait Mounter: Send + Sync {
 pub trait MountedFs: Send {
     /// Unmounts it (refused while busy: the handle is kept).
     fn unmount(&mut self) -> Result<()>;
+    /// Unmounts it even while busy (a forced destroy): its open files fail from then on.
+    fn force_unmount(&mut self) -> Result<()> {
+        self.unmount()
+    }
     /// Whether requests come through the kernel's io_uring queues.
     fn io_uring(&self) -> bool {
         false
@@ -122,6 +151,7 @@ pub struct Mounts {
     table: Mutex<Vec<Mounted>>,
     handles: Arc<Handles>,
     protocols: Arc<crate::stats::ProtocolStats>,
+    write_through: Arc<WriteThrough>,
 }
 
 /// The pool a dataset name belongs to.
@@ -133,6 +163,11 @@ impl Mounts {
     /// The request counters the mounts report to (the service's).
     pub fn protocols(&self) -> &Arc<crate::stats::ProtocolStats> {
         &self.protocols
+    }
+
+    /// Whose writes the mounts serve past the writeback cache (a file server's).
+    pub fn write_through(&self) -> &Arc<WriteThrough> {
+        &self.write_through
     }
 
     /// The dataset handles the mounts hold (the service's).
@@ -235,6 +270,7 @@ impl Mounts {
             snapshots,
             sync,
             protocols: self.protocols.clone(),
+            write_through: self.write_through.clone(),
         })?;
         let uring = handle.io_uring();
         if let Some(inval) = handle.invalidator() {
@@ -274,7 +310,7 @@ impl Mounts {
     /// Unmounts one mount of this table; None when `target` is not in it.
     pub fn unmount(&self, target: &str) -> Option<Result<PathBuf>> {
         let m = self.take(target)?;
-        Some(self.finish_all(vec![m]).map(|mut v| v.remove(0).1))
+        Some(self.finish_all(vec![m], false).map(|mut v| v.remove(0).1))
     }
 
     /// Unmounts every filesystem of a pool (before export or destroy).
@@ -287,13 +323,18 @@ impl Mounts {
             *t = keep;
             gone
         };
-        self.finish_all(gone)?;
+        self.finish_all(gone, false)?;
         Ok(())
     }
 
     /// Unmounts `dataset` and its descendants (before destroy, rollback or rename, as zfs
     /// does); returns what was mounted where, to remount.
     pub fn unmount_tree(&self, dataset: &str) -> Result<Vec<(String, PathBuf)>> {
+        self.unmount_tree_with(dataset, false)
+    }
+
+    /// `unmount_tree`, forcing busy mounts (`force`: a forced destroy).
+    pub fn unmount_tree_with(&self, dataset: &str, force: bool) -> Result<Vec<(String, PathBuf)>> {
         let below = format!("{dataset}/");
         let gone: Vec<Mounted> = {
             let mut t = self.table.lock();
@@ -303,17 +344,22 @@ impl Mounts {
             *t = keep;
             gone
         };
-        self.finish_all(gone)
+        self.finish_all(gone, force)
     }
 
     /// Unmounts deepest first (a child is mounted inside its parent's directory); on a
     /// failure the mounts not yet undone go back in the table.
-    fn finish_all(&self, mut gone: Vec<Mounted>) -> Result<Vec<(String, PathBuf)>> {
+    fn finish_all(&self, mut gone: Vec<Mounted>, force: bool) -> Result<Vec<(String, PathBuf)>> {
         gone.sort_by_key(|m| std::cmp::Reverse(m.dir.components().count()));
         let mut out = Vec::new();
         let mut rest = gone.into_iter();
         while let Some(mut m) = rest.next() {
-            if let Err(e) = m.handle.unmount() {
+            let done = if force {
+                m.handle.force_unmount()
+            } else {
+                m.handle.unmount()
+            };
+            if let Err(e) = done {
                 let mut t = self.table.lock();
                 t.push(m);
                 t.extend(rest);
@@ -325,6 +371,18 @@ impl Mounts {
             drop(m.hold);
         }
         Ok(out)
+    }
+
+    /// Removes the (empty) directories a destroyed dataset tree was mounted at, deepest
+    /// first, as zfs removes a mountpoint it unmounts for good: nothing written by a
+    /// process still inside one (a file server's connection, past a forced unmount) lands
+    /// in the bare directory under it.
+    pub fn remove_mount_dirs(&self, was: &[(String, PathBuf)]) {
+        let mut dirs: Vec<&PathBuf> = was.iter().map(|(_, d)| d).collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in dirs {
+            let _ = std::fs::remove_dir(d);
+        }
     }
 
     /// Mounts the given datasets at the given directories (or at their mountpoints when

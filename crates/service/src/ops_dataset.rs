@@ -93,10 +93,11 @@ impl Service {
                     "cannot destroy '{name}': it has children; destroy them too (recursive)"
                 )));
             }
-            self.mounts.unmount_tree(&name)?;
+            let was = self.mounts.unmount_tree_with(&name, force)?;
             self.mounts
                 .handles()
                 .before_destroy(&o.dsl.pool_name(), &name, force)?;
+            self.mounts.remove_mount_dirs(&was);
             // Deepest first: a parent goes after its children.
             steps.sort_by_key(|(n, _)| std::cmp::Reverse(n.matches('/').count()));
             let total = steps.iter().map(|(_, b)| b).sum::<u64>();
@@ -353,10 +354,11 @@ impl Service {
                 force,
                 background: false,
             } => self.on_pool(ctx, &name, |o, _| {
+                // Forced, as `zfs destroy -f`: busy mounts too (their open files fail).
                 let was = if name.contains('@') {
                     Vec::new()
                 } else {
-                    self.mounts.unmount_tree(&name)?
+                    self.mounts.unmount_tree_with(&name, force)?
                 };
                 // Other front ends that serve it: refused unless forced, as zfs destroy
                 // refuses a busy dataset.
@@ -375,7 +377,10 @@ impl Service {
                     })?)
                 });
                 match result {
-                    Ok(gone) => Ok(Response::Destroyed { count: gone.len() }),
+                    Ok(gone) => {
+                        self.mounts.remove_mount_dirs(&was);
+                        Ok(Response::Destroyed { count: gone.len() })
+                    }
                     Err(e) => {
                         let back: Vec<_> = was.into_iter().map(|(n, d)| (n, Some(d))).collect();
                         self.mounts.remount(&o.dsl, &o.store, &back);

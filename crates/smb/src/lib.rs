@@ -307,6 +307,9 @@ impl Inner {
                 }
             });
         }
+        // smbd acknowledges a client's write once write(2) returns: its writes must not
+        // wait in the mounts' writeback cache, where a full quota would fail them unseen.
+        self.svc.mounts.write_through().set(Some(child.id() as i32));
         Ok(child)
     }
 
@@ -333,6 +336,7 @@ impl Inner {
         }
         let _ = killpg(pgid, Signal::SIGKILL);
         let _ = c.wait();
+        self.svc.mounts.write_through().set(None);
     }
 
     fn supervise(self: Arc<Self>, wake: mpsc::Receiver<()>) {

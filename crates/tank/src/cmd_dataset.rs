@@ -127,6 +127,10 @@ pub struct DestroyArgs {
     /// Also destroy clones of the snapshots destroyed (and implies -r).
     #[arg(short = 'R')]
     dependents: bool,
+    /// Force: unmount even while files are open (they fail from then on) and stop the
+    /// other front ends that serve it (NFS, S3, SMB).
+    #[arg(short = 'f')]
+    force: bool,
     name: String,
 }
 
@@ -192,7 +196,7 @@ pub fn run(cmd: DatasetCmd) -> Result<()> {
                 name: a.name,
                 recursive: a.recursive || a.dependents,
                 dependents: a.dependents,
-                force: false,
+                force: a.force,
                 background: false,
             })? {
                 Response::Destroyed { count } if count > 1 => {

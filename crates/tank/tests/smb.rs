@@ -577,3 +577,252 @@ fn smbtorture_subset() {
         "fewer smbtorture tests pass than before:\n{report}"
     );
 }
+
+/// Writes `mib` MiB of pseudo-random bytes (seeded) to `path`.
+fn random_file(path: &Path, mib: usize, seed: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut x: u64 = seed | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    for _ in 0..mib {
+        for b in buf.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        f.write_all(&buf).unwrap();
+    }
+}
+
+/// Faults under a share, each answered with a clean error and no acknowledged data lost:
+/// a write past the dataset's quota, a client gone mid-write, a pool that lost a disk
+/// (DEGRADED), and a dataset destroyed while a client is connected.
+#[test]
+fn smb_faults() {
+    const NAME: &str = "smb_faults";
+    if let Some(why) = missing() {
+        return common::skip(NAME, &why);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let d = serve(&data);
+    tank(&data, &["user", "add", "alice"], Some("alice-pass-1\n"));
+    tank(
+        &data,
+        &["dataset", "create", "-o", "quota=8M", "tank/q"],
+        None,
+    );
+    tank(&data, &["dataset", "create", "tank/gone"], None);
+    for (ds, share) in [("tank/q", "q"), ("tank/gone", "gone")] {
+        std::os::unix::fs::chown(data.join("mnt").join(ds), Some(1000), Some(100)).unwrap();
+        tank(
+            &data,
+            &["share", "add", "smb", share, ds, "-o", "users=alice"],
+            None,
+        );
+    }
+    let alice = Some(("alice", "alice-pass-1"));
+    let mount = data.join("mnt/tank/q");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !smbclient(d.port, "gone", alice, &work, "ls").0 {
+        assert!(Instant::now() < deadline, "the shares never came");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    random_file(&work.join("keep.bin"), 2, 1);
+    random_file(&work.join("big.bin"), 24, 2);
+    let (ok, out) = smbclient(d.port, "q", alice, &work, "put keep.bin");
+    assert!(ok, "{out}");
+
+    // Past the quota: the client is told the disk is full; what it was told was written
+    // before is intact, and the share serves on.
+    let (ok, out) = smbclient(d.port, "q", alice, &work, "put big.bin");
+    assert!(
+        !ok && out.contains("NT_STATUS_DISK_FULL"),
+        "a write past the quota: {out}"
+    );
+    let written = std::fs::metadata(mount.join("big.bin")).unwrap().len();
+    assert!(written <= 8 << 20, "{written} bytes past an 8M quota");
+    assert_eq!(
+        sha256(&work.join("keep.bin")),
+        sha256(&mount.join("keep.bin"))
+    );
+    // Room again once the partial file is gone (its blocks are free a txg later).
+    let (ok, out) = smbclient(d.port, "q", alice, &work, "del big.bin");
+    assert!(ok, "{out}");
+    random_file(&work.join("fits.bin"), 3, 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out) = smbclient(d.port, "q", alice, &work, "put fits.bin");
+        if ok {
+            break;
+        }
+        assert!(
+            out.contains("NT_STATUS_DISK_FULL") && Instant::now() < deadline,
+            "{out}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (ok, out) = smbclient(d.port, "q", alice, &work, "get fits.bin fits-back.bin");
+    assert!(ok, "{out}");
+    assert_eq!(
+        sha256(&work.join("fits.bin")),
+        sha256(&work.join("fits-back.bin"))
+    );
+
+    // A client gone mid-write: the server serves on, the other files are intact, and the
+    // file can be written whole again.
+    tank(&data, &["dataset", "set", "quota=none", "tank/q"], None);
+    random_file(&work.join("huge.bin"), 256, 4);
+    let mut client = Command::new("smbclient")
+        .args(["-s", "/dev/null", "-p", &d.port.to_string(), "-m", "SMB3"])
+        .arg("//127.0.0.1/q")
+        .args(["-U", "alice%alice-pass-1", "-c", "put huge.bin"])
+        .current_dir(&work)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(mount.join("huge.bin")).map_or(0, |m| m.len()) < 8 << 20 {
+        assert!(Instant::now() < deadline, "the upload never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert_eq!(
+        sha256(&work.join("keep.bin")),
+        sha256(&mount.join("keep.bin"))
+    );
+    let (ok, out) = smbclient(
+        d.port,
+        "q",
+        alice,
+        &work,
+        "put huge.bin; get huge.bin huge-back.bin",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        sha256(&work.join("huge.bin")),
+        sha256(&work.join("huge-back.bin"))
+    );
+    assert_eq!(
+        sha256(&work.join("huge.bin")),
+        sha256(&mount.join("huge.bin"))
+    );
+
+    // A disk lost: the pool is DEGRADED and the share serves on, reads and writes whole.
+    let disk = data.join("devices/disk5");
+    tank(
+        &data,
+        &["pool", "offline", "tank", &disk.to_string_lossy()],
+        None,
+    );
+    let status = tank(&data, &["pool", "status", "tank"], None);
+    assert!(status.contains("DEGRADED"), "{status}");
+    random_file(&work.join("degraded.bin"), 16, 5);
+    let (ok, out) = smbclient(
+        d.port,
+        "q",
+        alice,
+        &work,
+        "put degraded.bin; get huge.bin huge-degraded.bin",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        sha256(&work.join("huge.bin")),
+        sha256(&work.join("huge-degraded.bin"))
+    );
+    assert_eq!(
+        sha256(&work.join("degraded.bin")),
+        sha256(&mount.join("degraded.bin"))
+    );
+    tank(
+        &data,
+        &["pool", "online", "tank", &disk.to_string_lossy()],
+        None,
+    );
+
+    // A dataset destroyed while a client is connected: the client's next requests fail
+    // cleanly, the share says why it is not served, and the other share serves on.
+    let mut session = Command::new("smbclient")
+        .args(["-s", "/dev/null", "-p", &d.port.to_string(), "-m", "SMB3"])
+        .arg("//127.0.0.1/gone")
+        .args(["-U", "alice%alice-pass-1"])
+        .current_dir(&work)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = session.stdin.take().unwrap();
+    writeln!(stdin, "put keep.bin").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !data.join("mnt/tank/gone/keep.bin").exists() {
+        assert!(Instant::now() < deadline, "the session's put never landed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Refused while in use, as zfs destroy refuses a busy dataset; forced, it goes.
+    let destroy = |force: bool| {
+        let mut args = vec!["dataset", "destroy"];
+        if force {
+            args.push("-f");
+        }
+        args.push("tank/gone");
+        let out = Command::new(env!("CARGO_BIN_EXE_tank"))
+            .args(&args)
+            .env("TANK_DATA_DIR", &data)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, out) = destroy(false);
+    assert!(!ok && out.contains("busy"), "destroyed while in use: {out}");
+    let (ok, out) = destroy(true);
+    assert!(ok, "a forced destroy: {out}");
+    assert!(
+        !data.join("mnt/tank/gone").exists(),
+        "the destroyed dataset's mountpoint is left behind"
+    );
+    writeln!(stdin, "put keep.bin again.bin").unwrap();
+    writeln!(stdin, "ls").unwrap();
+    writeln!(stdin, "exit").unwrap();
+    drop(stdin);
+    let session = session.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&session.stdout),
+        String::from_utf8_lossy(&session.stderr)
+    );
+    assert!(
+        text.contains("NT_STATUS_") && !text.contains("as \\again.bin"),
+        "the connected client after its dataset was destroyed: {text}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, out) = smbclient(d.port, "gone", alice, &work, "ls");
+        assert!(!ok, "{out}");
+        let list = tank(&data, &["share", "list"], None);
+        // The share goes with its dataset.
+        let shared = list
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("gone"));
+        if out.contains("NT_STATUS_BAD_NETWORK_NAME") && !shared {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{out}\n{list}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (ok, out) = smbclient(d.port, "q", alice, &work, "get keep.bin keep-after.bin");
+    assert!(ok, "{out}");
+    assert_eq!(
+        sha256(&work.join("keep.bin")),
+        sha256(&work.join("keep-after.bin"))
+    );
+}
