@@ -234,6 +234,20 @@ impl BlockCache {
         }
     }
 
+    /// Keeps a data block just written in the ARC, as ZFS keeps the buffers it writes: a
+    /// read soon after the write (a file copied and then read back, a client that re-reads
+    /// what it saved) is a hit instead of a device read and a checksum. Only a block stored
+    /// uncompressed is kept this way (its logical bytes are its physical ones); a compressed
+    /// block comes into the ARC at its first read.
+    pub fn keep_written(&self, bp: &BlockPtr, data: Arc<Vec<u8>>) {
+        if bp.compression != Compression::Off || data.len() != bp.lsize as usize {
+            return;
+        }
+        if let Some(key) = self.key(bp) {
+            self.arc.insert(key, data, false, false);
+        }
+    }
+
     /// Forgets a block being freed (its space will be reused under another birth txg).
     pub fn forget(&self, bp: &BlockPtr) {
         if let Some(key) = self.key(bp) {

@@ -1306,8 +1306,15 @@ impl ObjectSet {
 
     /// Called once the writes of the last sync completed: data blocks can now be read from
     /// the devices, so their bytes leave memory; clean tree nodes beyond the cache bound too.
+    /// Data blocks the `primarycache` policy keeps stay in the ARC (`BlockCache::keep_written`).
     pub(crate) fn writes_completed(&self) {
+        let keep = self.primarycache().keeps(false);
         for r in std::mem::take(&mut *self.written.lock()) {
+            if keep {
+                if let (Some(bp), Some(data)) = (r.bp(), r.dirty_data()) {
+                    self.cache.keep_written(&bp, data);
+                }
+            }
             r.release_data();
         }
         let tree = self.tree.lock();

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use common::*;
 use tank_block::{ChecksumKind, Compression};
 use tank_device::{BlockDevice, DeviceRef, MemDevice, SimFleet};
+use tank_object::cache::CachePolicy;
 use tank_object::{ObjectSet, ObjectStore, WritePolicy, ROOT_OBJSET};
 use tank_pool::{CreateOptions, Pool};
 
@@ -284,7 +285,11 @@ fn a_stream_read_slightly_out_of_order_is_still_read_ahead() {
     let os = store.objset(ROOT_OBJSET).unwrap();
     let mib = 1usize << 20;
     let data = bytes(&mut rng(11), 24 * mib, false);
+    // Written past the ARC (a block just written is kept there otherwise), so that the
+    // reads below go to the devices and read ahead.
+    os.set_primarycache(CachePolicy::Metadata);
     let id = synced_object(&store, &os, &data, mib as u32);
+    os.set_primarycache(CachePolicy::All);
     // The first read starts no stream; the next starts a little past where it ended (a
     // reader with several requests in flight), and still continues it.
     assert_eq!(os.read(id, 0, 2 * mib).unwrap(), data[..2 * mib]);

@@ -16,7 +16,7 @@
 //! | protocol | dataset | options |
 //! |---|---|---|
 //! | all | | `readonly` or `ro` (on/off), `comment` (text) |
-//! | smb | filesystem | `users`, `groups` (accounts; empty: every account), `browseable` (on), `guest` (off), `timemachine` (off), `timemachine_quota` (a size; with timemachine), `previous_versions` (on) |
+//! | smb | filesystem | `users`, `groups` (accounts; empty: every account), `browseable` (on), `guest` (off), `timemachine` (off), `timemachine_quota` (a size; with timemachine), `previous_versions` (on), `snapshot_schedule` (`off`, or `15min`/`hourly`/`daily`/`weekly` with `:KEEP`) |
 //! | nfs | filesystem | `clients` or `hosts` (addresses, CIDR networks or host names; default none), `squash` (`root`/`root_squash`, `none`/`no_root_squash`, `all`/`all_squash`), `anonuid`, `anongid` (65534), `sec` (`sys`) |
 //! | s3 | filesystem | `users`, `groups`, `public` (`off`, `read`); the name is the bucket name |
 //! | iscsi | volume | `iqn` (a target name; default `iqn.2026-11.org.tank:POOL.NAME`), `lun` (0-255, default 0), `initiators` (IQNs; empty: none), `chap_users` (accounts) |
@@ -74,6 +74,51 @@ fn on_off(key: &str, value: &str) -> Res<String> {
             "invalid value '{value}' for {key}: on or off"
         ))),
     }
+}
+
+/// The intervals of a share's `snapshot_schedule`, with the snapshots kept by default.
+const SCHEDULES: [(&str, u64, usize); 4] = [
+    ("15min", 15 * 60, 8),
+    ("hourly", 3600, 24),
+    ("daily", 86_400, 7),
+    ("weekly", 7 * 86_400, 4),
+];
+
+fn schedule_name(every: u64) -> &'static str {
+    SCHEDULES
+        .iter()
+        .find(|s| s.1 == every)
+        .map_or("off", |s| s.0)
+}
+
+/// An smb share's `snapshot_schedule`: `off`, or `INTERVAL[:KEEP]` with INTERVAL `15min`,
+/// `hourly`, `daily` or `weekly` and KEEP the snapshots kept (1 to 1000; by default 8, 24, 7
+/// and 4): the interval in seconds (0: off) and KEEP.
+pub fn parse_snapshot_schedule(value: &str) -> Result<(u64, usize), String> {
+    if value == "off" {
+        return Ok((0, 0));
+    }
+    let (name, keep) = match value.split_once(':') {
+        Some((n, k)) => (n, Some(k)),
+        None => (value, None),
+    };
+    let Some(&(_, every, default_keep)) = SCHEDULES.iter().find(|s| s.0 == name) else {
+        return Err(format!(
+            "invalid snapshot_schedule '{value}': off, or 15min, hourly, daily or weekly, with :KEEP for the snapshots kept (hourly:24)"
+        ));
+    };
+    let keep = match keep {
+        None => default_keep,
+        Some(k) => match k.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => {
+                return Err(format!(
+                    "invalid snapshot_schedule '{value}': keep 1 to 1000 snapshots"
+                ))
+            }
+        },
+    };
+    Ok((every, keep))
 }
 
 fn list(value: &str) -> Vec<String> {
@@ -280,6 +325,14 @@ pub fn validate(
             }
             ("smb" | "s3", "users" | "groups") | ("iscsi", "chap_users") => check_accounts(k, v)?,
             ("smb", "browseable" | "guest" | "timemachine" | "previous_versions") => on_off(k, v)?,
+            ("smb", "snapshot_schedule") => {
+                let (every, keep) = parse_snapshot_schedule(v).map_err(invalid)?;
+                if every == 0 {
+                    "off".to_string()
+                } else {
+                    format!("{}:{keep}", schedule_name(every))
+                }
+            }
             ("smb", "timemachine_quota") => {
                 let bytes = tank_dataset::props::parse_size(v, false).map_err(invalid)?;
                 bytes.to_string()

@@ -18,8 +18,12 @@
 //!   share or a mount changed and the user files when the account store did, and tells
 //!   smbd to reload (SIGHUP). smbd runs in a process group of its own, so that a stop ends
 //!   the processes serving connections too.
+//! - **Previous Versions on a schedule** (`snapshots.rs`): every 10 seconds the supervisor
+//!   takes the snapshots the shares' `snapshot_schedule` asks for and destroys the oldest
+//!   beyond what they keep.
 
 pub mod conf;
+pub mod snapshots;
 pub mod users;
 
 use std::collections::BTreeMap;
@@ -68,6 +72,37 @@ fn find_nss_wrapper() -> Option<PathBuf> {
     .iter()
     .map(PathBuf::from)
     .find(|p| p.is_file())
+}
+
+/// smbd in the foreground on the configuration of `dir` (its `smb.conf`, and the `passwd`
+/// and `group` files nss_wrapper answers from), in a process group of its own.
+fn smbd_command(smbd: &Path, nss: &Path, dir: &Path) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(smbd);
+    cmd.args([
+        "--foreground",
+        "--no-process-group",
+        "--debug-stdout",
+        "--configfile",
+    ])
+    .arg(dir.join("smb.conf"))
+    .env("LD_PRELOAD", nss)
+    .env("NSS_WRAPPER_PASSWD", dir.join("passwd"))
+    .env("NSS_WRAPPER_GROUP", dir.join("group"))
+    .stdin(Stdio::null())
+    .process_group(0);
+    cmd
+}
+
+/// smbd as tank runs it, on the files of `dir` laid out as `DATA_DIR/smb` (for a peer
+/// measured against tank: the same configuration serving another directory).
+pub fn plain_smbd(dir: &Path) -> Result<Command> {
+    if let Some(why) = missing() {
+        bail!("{why}");
+    }
+    let smbd = find_program("smbd").context("smbd")?;
+    let nss = find_nss_wrapper().context("nss_wrapper")?;
+    Ok(smbd_command(&smbd, &nss, dir))
 }
 
 /// Why SMB cannot be served on this machine, if it cannot.
@@ -135,6 +170,37 @@ fn on(s: &ShareInfo, k: &str) -> bool {
 impl Inner {
     fn admin() -> Caller {
         Caller::Admin { name: "smb".into() }
+    }
+
+    /// The snapshot schedules of the smb shares with Previous Versions: (dataset,
+    /// interval in seconds, snapshots kept).
+    fn schedules(&self) -> Vec<(String, u64, usize)> {
+        let admin = Self::admin();
+        let Ok(Response::Shares(shares)) = self.svc.handle(&admin, Request::ShareList, None).0
+        else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, u64, usize)> = shares
+            .into_iter()
+            .filter(|s| s.protocol == "smb" && on(s, "previous_versions"))
+            .filter_map(|s| {
+                let v = s.options.get("snapshot_schedule")?;
+                let (every, keep) = tank_service::shares::parse_snapshot_schedule(v).ok()?;
+                (every > 0).then_some((s.dataset, every, keep))
+            })
+            .collect();
+        // Two shares of one dataset: the shorter interval, the larger count.
+        out.sort();
+        out.dedup_by(|b, a| {
+            if a.0 == b.0 {
+                a.1 = a.1.min(b.1);
+                a.2 = a.2.max(b.2);
+                true
+            } else {
+                false
+            }
+        });
+        out
     }
 
     /// The shares smbd should serve now, and the ones it cannot, with why.
@@ -265,23 +331,28 @@ impl Inner {
         Ok(true)
     }
 
-    fn spawn(&self) -> Result<Child> {
-        use std::os::unix::process::CommandExt;
-        let mut cmd = Command::new(&self.smbd);
-        cmd.args([
-            "--foreground",
-            "--no-process-group",
-            "--debug-stdout",
-            "--configfile",
-        ])
-        .arg(self.dir.join("smb.conf"))
-        .env("LD_PRELOAD", &self.nss)
-        .env("NSS_WRAPPER_PASSWD", self.dir.join("passwd"))
-        .env("NSS_WRAPPER_GROUP", self.dir.join("group"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    /// Posts an event on the pools of the smb shares' datasets (`tank pool events`).
+    fn post_event(&self, class: &str, detail: &str) {
+        let admin = Self::admin();
+        let Ok(Response::Shares(shares)) = self.svc.handle(&admin, Request::ShareList, None).0
+        else {
+            return;
+        };
+        let pools: std::collections::BTreeSet<String> = shares
+            .iter()
+            .filter(|s| s.protocol == "smb")
+            .map(|s| tank_service::mounts::pool_of(&s.dataset).to_string())
+            .collect();
+        for o in self.svc.open_pools() {
+            if pools.contains(&o.dsl.pool_name()) {
+                o.pool.events.post(class, None, detail.to_string());
+            }
+        }
+    }
+
+    fn spawn(self: &Arc<Self>) -> Result<Child> {
+        let mut cmd = smbd_command(&self.smbd, &self.nss, &self.dir);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.smbd.display()))?;
@@ -298,11 +369,20 @@ impl Inner {
         .into_iter()
         .flatten()
         {
+            let inner = Arc::downgrade(self);
             std::thread::spawn(move || {
                 for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
                     let line = line.trim();
-                    if !line.is_empty() {
-                        println!("smbd: {line}");
+                    if line.is_empty() {
+                        continue;
+                    }
+                    println!("smbd: {line}");
+                    // smbd's errors and panics are events as well as log lines.
+                    let lower = line.to_ascii_lowercase();
+                    if lower.contains("panic") || lower.contains("error") {
+                        if let Some(i) = inner.upgrade() {
+                            i.post_event("smb.error", line);
+                        }
                     }
                 }
             });
@@ -341,10 +421,20 @@ impl Inner {
 
     fn supervise(self: Arc<Self>, wake: mpsc::Receiver<()>) {
         let mut backoff = Duration::from_millis(250);
+        let mut scheduled_at: Option<Instant> = None;
         loop {
             let _ = wake.recv_timeout(Duration::from_secs(1));
             if self.stopping.load(Ordering::SeqCst) {
                 return;
+            }
+            if scheduled_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                scheduled_at = Some(Instant::now());
+                for line in snapshots::run(&self.svc, &self.schedules()) {
+                    println!("smb: {line}");
+                    if line.starts_with("cannot") {
+                        self.post_event("smb.snapshot_failed", &line);
+                    }
+                }
             }
             let mut changed = false;
             match self.write_users(false) {
@@ -372,6 +462,10 @@ impl Inner {
                 }
                 let n = self.restarts.fetch_add(1, Ordering::SeqCst) + 1;
                 println!("smb: smbd stopped ({why}); starting it again (restart {n})");
+                self.post_event(
+                    "smb.restart",
+                    &format!("smbd stopped ({why}); started again (restart {n})"),
+                );
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(10));
                 match self.spawn() {

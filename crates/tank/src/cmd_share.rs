@@ -16,9 +16,10 @@ use crate::client::{call, unexpected};
 pub enum ShareCmd {
     /// Share a dataset (smb, nfs, s3) or a volume (iscsi): PROTOCOL NAME DATASET [-o K=V]...
     /// Options: readonly (ro), comment; smb: users, groups, browseable, guest, timemachine,
-    /// timemachine_quota, previous_versions; nfs: clients (hosts), squash (root, none,
-    /// all), anonuid, anongid, sec;
-    /// s3: users, groups, public; iscsi: iqn, lun, initiators, chap_users.
+    /// timemachine_quota, previous_versions, snapshot_schedule (15min, hourly, daily or
+    /// weekly, :KEEP); nfs: clients (hosts), squash (root, none, all), anonuid, anongid, sec;
+    /// s3: users, groups, public, versioning, object_lock; iscsi: iqn, lun, initiators,
+    /// chap_users.
     Add(AddArgs),
     /// List the shares of every imported pool.
     List(ListArgs),

@@ -29,7 +29,7 @@ mod mounts;
 use clap::{Parser, Subcommand};
 use tank_bench::run::{
     cache as bench_cache, engine as bench, fs as fsbench, nfs as bench_nfs, plan, s3 as bench_s3,
-    scrub as bench_scrub, sync as bench_sync,
+    scrub as bench_scrub, smb as bench_smb, sync as bench_sync,
 };
 
 /// mimalloc keeps freed memory for reuse: the data path allocates and frees buffers of 128 KiB
@@ -115,6 +115,9 @@ enum Command {
     /// The S3 endpoint against MinIO on the same disk: PUT and GET of 4 KiB and 4 MiB
     /// objects by parallel clients, with latency and CPU per GiB.
     BenchS3(bench_s3::S3BenchArgs),
+    /// SMB shares against Samba serving a plain directory of the same disk: smbclient's put
+    /// and get of a large file, and small files put, got and deleted.
+    BenchSmb(bench_smb::SmbBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -162,6 +165,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchApi(a) => bench_api::run(a),
         Command::BenchNfs(a) => bench_nfs::run(a),
         Command::BenchS3(a) => bench_s3::run(a),
+        Command::BenchSmb(a) => bench_smb::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),

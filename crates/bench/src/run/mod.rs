@@ -1,5 +1,5 @@
 //! The benchmark commands' runners (`tank bench`, `bench-engine`, `bench-scrub`,
-//! `bench-cache`, `bench-sync`, `bench-nfs`, `bench-s3`, `plan`): their arguments, their pools of scratch devices,
+//! `bench-cache`, `bench-sync`, `bench-nfs`, `bench-s3`, `bench-smb`, `plan`): their arguments, their pools of scratch devices,
 //! their measurements and their reports. The binary only parses the command line and calls
 //! `run`.
 //!
@@ -21,5 +21,6 @@ pub mod nfs;
 pub mod plan;
 pub mod s3;
 pub mod scrub;
+pub mod smb;
 pub mod sync;
 pub mod util;
