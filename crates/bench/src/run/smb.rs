@@ -17,6 +17,9 @@
 //! is a sync on both; smbclient sends none. Reads come from each server's cache (tank's
 //! ARC, the host's page cache for the peer), alike.
 //!
+//! Before and after each server's measurements every file system is synced (sync(1)), so
+//! that neither pays for writing back what the other left in the page cache.
+//!
 //! Each figure is the median of `--runs` runs; each ratio is computed per run, then
 //! medianed.
 
@@ -252,8 +255,15 @@ fn make_peer(tank_smb: &Path, peer: &Path, share_dir: &Path, port: u16) -> Resul
     Ok(())
 }
 
+/// Writes every file system's dirty pages back (sync(1)), so that what one server left in
+/// the host's page cache is not written back while the next one is measured.
+fn settle() {
+    let _ = Command::new("sync").status();
+}
+
 /// The five figures against the share at `port`.
 fn measure(port: u16, work: &Path, big: &Path, small: &Path, a: &SmbBenchArgs) -> Result<Figures> {
+    settle();
     let size = std::fs::metadata(big)?.len() as f64;
     let mb_s = |t: Duration| size / 1e6 / t.as_secs_f64().max(1e-9);
     let per_s = |t: Duration| a.files as f64 / t.as_secs_f64().max(1e-9);
@@ -276,6 +286,7 @@ fn measure(port: u16, work: &Path, big: &Path, small: &Path, a: &SmbBenchArgs) -
     }
     let delete = smbclient(port, work, "cd s; del *")?;
     smbclient(port, work, &format!("rmdir s; del {name}"))?;
+    settle();
     Ok(Figures {
         put_mb_s: mb_s(put),
         get_mb_s: mb_s(get),
@@ -337,7 +348,9 @@ pub fn run(a: SmbBenchArgs) -> Result<()> {
         {
             let (_daemon, port) = start_tank(&data)?;
             wait_for_share(port, &work)?;
-            tank_runs.push(measure(port, &work, &big, &small, &a)?);
+            let f = measure(port, &work, &big, &small, &a)?;
+            eprintln!("  tank: {f:.1?}");
+            tank_runs.push(f);
             make_peer(&data.join("smb"), &peer_dir, &peer_share, peer_port)?;
         }
         if !a.no_peer {
@@ -357,7 +370,9 @@ pub fn run(a: SmbBenchArgs) -> Result<()> {
                     .context("cannot start smbd")?,
             );
             wait_for_share(peer_port, &work)?;
-            peer_runs.push(measure(peer_port, &work, &big, &small, &a)?);
+            let f = measure(peer_port, &work, &big, &small, &a)?;
+            eprintln!("  Samba: {f:.1?}");
+            peer_runs.push(f);
         }
         let _ = std::fs::remove_dir_all(&work);
     }
@@ -400,7 +415,7 @@ fn report(a: &SmbBenchArgs, size: u64, tank: &[Figures], peer: &[Figures]) {
             let mut v: Vec<f64> = runs.iter().map(f).collect();
             median(&mut v)
         };
-        let (t, p) = (med(tank), med(peer));
+        let t = med(tank);
         let ratio = if peer.is_empty() {
             "-".to_string()
         } else {
@@ -414,7 +429,7 @@ fn report(a: &SmbBenchArgs, size: u64, tank: &[Figures], peer: &[Figures]) {
         let peer_col = if peer.is_empty() {
             "-".to_string()
         } else {
-            format!("{p:.1}")
+            format!("{:.1}", med(peer))
         };
         println!("{name:<26} {t:>10.1} {peer_col:>10} {ratio:>8}");
     }
