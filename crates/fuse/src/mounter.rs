@@ -81,6 +81,10 @@ impl MountedFs for Mounted {
         })
     }
 
+    fn is_mounted(&self) -> bool {
+        self.0.is_mounted()
+    }
+
     fn force_unmount(&mut self) -> Result<()> {
         Ok(self.0.force_unmount()?)
     }

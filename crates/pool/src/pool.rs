@@ -2413,6 +2413,22 @@ impl Pool {
         Ok(())
     }
 
+    /// Lets go of a suspended pool without writing to it (its devices failed: nothing
+    /// written now could be trusted): the sync thread stops and the devices close, leaving
+    /// the pool as a crash would, its last committed txg and its intent log as they are on
+    /// the devices. An import once the devices are fixed replays the log, as after a crash,
+    /// so nothing committed is lost. Refused (`Ok(false)`) for a pool that is not suspended.
+    pub fn abandon(&self) -> Result<bool, PoolError> {
+        if self.suspended().is_none() {
+            return Ok(false);
+        }
+        let _ = self.close();
+        for leaf in self.leaves() {
+            leaf.close();
+        }
+        Ok(true)
+    }
+
     /// `pool destroy`: marks the labels destroyed and closes the devices.
     pub fn destroy(&self) -> Result<(), PoolError> {
         let _ = self.close();

@@ -97,6 +97,11 @@ pub trait Mounter: Send + Sync {
 pub trait MountedFs: Send {
     /// Unmounts it (refused while busy: the handle is kept).
     fn unmount(&mut self) -> Result<()>;
+    /// Whether it is still mounted (after a failed unmount: refused, or unmounted but its
+    /// final sync failed).
+    fn is_mounted(&self) -> bool {
+        true
+    }
     /// Unmounts it even while busy (a forced destroy): its open files fail from then on.
     fn force_unmount(&mut self) -> Result<()> {
         self.unmount()
@@ -360,6 +365,14 @@ impl Mounts {
                 m.handle.unmount()
             };
             if let Err(e) = done {
+                if !m.handle.is_mounted() {
+                    // Unmounted, but its last sync failed (a suspended pool): the mount is
+                    // gone all the same, and what it could not write is the pool's to say.
+                    eprintln!("tank: {e:#}");
+                    out.push((m.dataset.clone(), m.dir.clone()));
+                    drop(m.hold);
+                    continue;
+                }
                 let mut t = self.table.lock();
                 t.push(m);
                 t.extend(rest);

@@ -627,15 +627,29 @@ impl Service {
         let _l = lock.lock();
         let o = self.open_pool(name, ctx)?;
         self.mounts.unmount_pool(name)?;
-        o.pool.log_history(&ctx.command);
-        o.pool.export().map_err(anyhow::Error::from)?;
+        // A suspended pool cannot write its export: it is let go as a crash would leave it,
+        // and imported again once its devices are fixed (its intent log replays then).
+        let abandoned = if o.pool.state() == "SUSPENDED" {
+            o.pool.abandon().map_err(anyhow::Error::from)?
+        } else {
+            false
+        };
+        if !abandoned {
+            o.pool.log_history(&ctx.command);
+            o.pool.export().map_err(anyhow::Error::from)?;
+        }
         self.pools.forget(name);
         let mut cache = PoolCache::load(self.data_dir())?;
         cache.remove(name);
         cache.save(self.data_dir())?;
-        Ok(Response::Done {
-            message: format!("exported pool '{name}'"),
-        })
+        let message = if abandoned {
+            format!(
+                "exported suspended pool '{name}' without writing to it: what was not committed before it was suspended is lost; import it once its devices are fixed (what was committed, and its intent log, are kept)"
+            )
+        } else {
+            format!("exported pool '{name}'")
+        };
+        Ok(Response::Done { message })
     }
 
     fn pool_destroy(&self, ctx: &mut Ctx, name: &str) -> Res<Response> {

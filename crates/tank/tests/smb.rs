@@ -278,20 +278,7 @@ fn smbclient_workout() {
 
     // 48 MiB both ways, compared.
     let big = work.join("big.bin");
-    {
-        let mut f = std::fs::File::create(&big).unwrap();
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut buf = vec![0u8; 1 << 20];
-        for _ in 0..48 {
-            for b in buf.iter_mut() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *b = x as u8;
-            }
-            f.write_all(&buf).unwrap();
-        }
-    }
+    random_file(&big, 48, 0x9e37_79b9_7f4a_7c15);
     let (ok, out) = smbclient(
         d.port,
         "docs",
@@ -794,6 +781,17 @@ fn smbtorture_subset() {
     );
 }
 
+/// Asserts that two files hold the same bytes (by SHA-256).
+fn assert_same(a: &Path, b: &Path) {
+    assert_eq!(
+        sha256(a),
+        sha256(b),
+        "{} and {} differ",
+        a.display(),
+        b.display()
+    );
+}
+
 /// Writes `mib` MiB of pseudo-random bytes (seeded) to `path`.
 fn random_file(path: &Path, mib: usize, seed: u64) {
     let mut f = std::fs::File::create(path).unwrap();
@@ -860,10 +858,7 @@ fn smb_faults() {
     );
     let written = std::fs::metadata(mount.join("big.bin")).unwrap().len();
     assert!(written <= 8 << 20, "{written} bytes past an 8M quota");
-    assert_eq!(
-        sha256(&work.join("keep.bin")),
-        sha256(&mount.join("keep.bin"))
-    );
+    assert_same(&work.join("keep.bin"), &mount.join("keep.bin"));
     // Room again once the partial file is gone (its blocks are free a txg later).
     let (ok, out) = smbclient(d.port, "q", alice, &work, "del big.bin");
     assert!(ok, "{out}");
@@ -882,10 +877,7 @@ fn smb_faults() {
     }
     let (ok, out) = smbclient(d.port, "q", alice, &work, "get fits.bin fits-back.bin");
     assert!(ok, "{out}");
-    assert_eq!(
-        sha256(&work.join("fits.bin")),
-        sha256(&work.join("fits-back.bin"))
-    );
+    assert_same(&work.join("fits.bin"), &work.join("fits-back.bin"));
 
     // A client gone mid-write: the server serves on, the other files are intact, and the
     // file can be written whole again.
@@ -907,10 +899,7 @@ fn smb_faults() {
     }
     client.kill().unwrap();
     client.wait().unwrap();
-    assert_eq!(
-        sha256(&work.join("keep.bin")),
-        sha256(&mount.join("keep.bin"))
-    );
+    assert_same(&work.join("keep.bin"), &mount.join("keep.bin"));
     let (ok, out) = smbclient(
         d.port,
         "q",
@@ -919,14 +908,8 @@ fn smb_faults() {
         "put huge.bin; get huge.bin huge-back.bin",
     );
     assert!(ok, "{out}");
-    assert_eq!(
-        sha256(&work.join("huge.bin")),
-        sha256(&work.join("huge-back.bin"))
-    );
-    assert_eq!(
-        sha256(&work.join("huge.bin")),
-        sha256(&mount.join("huge.bin"))
-    );
+    assert_same(&work.join("huge.bin"), &work.join("huge-back.bin"));
+    assert_same(&work.join("huge.bin"), &mount.join("huge.bin"));
 
     // A disk lost: the pool is DEGRADED and the share serves on, reads and writes whole.
     let disk = data.join("devices/disk5");
@@ -946,14 +929,8 @@ fn smb_faults() {
         "put degraded.bin; get huge.bin huge-degraded.bin",
     );
     assert!(ok, "{out}");
-    assert_eq!(
-        sha256(&work.join("huge.bin")),
-        sha256(&work.join("huge-degraded.bin"))
-    );
-    assert_eq!(
-        sha256(&work.join("degraded.bin")),
-        sha256(&mount.join("degraded.bin"))
-    );
+    assert_same(&work.join("huge.bin"), &work.join("huge-degraded.bin"));
+    assert_same(&work.join("degraded.bin"), &mount.join("degraded.bin"));
     tank(
         &data,
         &["pool", "online", "tank", &disk.to_string_lossy()],
@@ -1037,8 +1014,157 @@ fn smb_faults() {
     }
     let (ok, out) = smbclient(d.port, "q", alice, &work, "get keep.bin keep-after.bin");
     assert!(ok, "{out}");
-    assert_eq!(
-        sha256(&work.join("keep.bin")),
-        sha256(&work.join("keep-after.bin"))
+    assert_same(&work.join("keep.bin"), &work.join("keep-after.bin"));
+}
+
+/// A pool that goes SUSPENDED under a share (its one device on a file system that fills
+/// up): the client's requests fail cleanly, and once the device has room again the pool
+/// is exported and imported, and what was committed before is served whole.
+#[test]
+fn smb_pool_suspended() {
+    const NAME: &str = "smb_pool_suspended";
+    if let Some(why) = missing() {
+        return common::skip(NAME, &why);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let work = tmp.path().join("work");
+    let tiny = tmp.path().join("tiny");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&tiny).unwrap();
+    // The device's file system: a 40 MiB tmpfs, which a 64 MiB write fills.
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=40M", "tmpfs"])
+        .arg(&tiny)
+        .output()
+        .unwrap();
+    if !mounted.status.success() {
+        return common::skip(
+            NAME,
+            &format!(
+                "cannot mount a tmpfs for the failing device: {}",
+                String::from_utf8_lossy(&mounted.stderr).trim()
+            ),
+        );
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _tiny = Unmount(tiny.clone());
+    let d = serve(&data);
+    tank(&data, &["user", "add", "alice"], Some("alice-pass-1\n"));
+    let device = tiny.join("d0");
+    tank(
+        &data,
+        &[
+            "pool",
+            "create",
+            "--size",
+            "256M",
+            "p2",
+            &device.to_string_lossy(),
+        ],
+        None,
     );
+    let mount = data.join("mnt/p2s");
+    let mountpoint = format!("mountpoint={}", mount.display());
+    tank(
+        &data,
+        &["dataset", "create", "-o", &mountpoint, "p2/s"],
+        None,
+    );
+    if !mount.join(".tank").exists() {
+        tank(&data, &["mount", "p2/s"], None);
+    }
+    std::os::unix::fs::chown(&mount, Some(1000), Some(100)).unwrap();
+    tank(
+        &data,
+        &["share", "add", "smb", "s", "p2/s", "-o", "users=alice"],
+        None,
+    );
+    let alice = Some(("alice", "alice-pass-1"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !smbclient(d.port, "s", alice, &work, "ls").0 {
+        assert!(Instant::now() < deadline, "the share never came");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    random_file(&work.join("small.bin"), 8, 7);
+    random_file(&work.join("big.bin"), 64, 8);
+    let (ok, out) = smbclient(d.port, "s", alice, &work, "put small.bin");
+    assert!(ok, "{out}");
+    // Committed: an fsync through the local mount.
+    std::fs::File::open(mount.join("small.bin"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+
+    // More than the device's file system holds: the pool suspends when its txg is written.
+    let _ = smbclient(d.port, "s", alice, &work, "put big.bin");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = tank(&data, &["pool", "status", "p2"], None);
+        if status.contains("SUSPENDED") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool never suspended: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (ok, out) = smbclient(d.port, "s", alice, &work, "get small.bin s1.bin");
+    assert!(
+        !ok && out.contains("NT_STATUS_IO_DEVICE_ERROR"),
+        "a read from a suspended pool: {out}"
+    );
+    let (ok, out) = smbclient(d.port, "s", alice, &work, "put small.bin again.bin");
+    assert!(
+        !ok && out.contains("NT_STATUS_"),
+        "a write to a suspended pool: {out}"
+    );
+
+    // The device gets room; the pool is exported and imported, and serves again.
+    let grown = Command::new("mount")
+        .args(["-o", "remount,size=512M"])
+        .arg(&tiny)
+        .status()
+        .unwrap();
+    assert!(grown.success());
+    let out = tank(&data, &["pool", "export", "p2"], None);
+    assert!(out.contains("suspended"), "{out}");
+    tank(
+        &data,
+        &["pool", "import", "-d", &tiny.to_string_lossy(), "p2"],
+        None,
+    );
+    let status = tank(&data, &["pool", "status", "p2"], None);
+    assert!(status.contains("ONLINE"), "{status}");
+    if !mount.join(".tank").exists() {
+        tank(&data, &["mount", "p2/s"], None);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, out) = smbclient(d.port, "s", alice, &work, "get small.bin back.bin");
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the share never came back: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_same(&work.join("small.bin"), &work.join("back.bin"));
+    let (ok, out) = smbclient(
+        d.port,
+        "s",
+        alice,
+        &work,
+        "put small.bin after.bin; get after.bin after-back.bin",
+    );
+    assert!(ok, "{out}");
+    assert_same(&work.join("small.bin"), &work.join("after-back.bin"));
 }

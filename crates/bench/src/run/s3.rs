@@ -16,9 +16,8 @@
 //! (committed to its intent log); MinIO's are written through its drives' page cache with
 //! `O_DIRECT` and fdatasync as it configures itself.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +26,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::fsbench::median;
+use crate::run::util::{free_port, start_serve, tank_cli, Daemon};
 use crate::s3_client::S3Client;
 
 #[derive(Args)]
@@ -60,27 +60,10 @@ struct Phase {
 
 /// A server under test.
 struct Server {
-    child: Child,
+    child: Daemon,
     addr: String,
     access_key: String,
     secret_key: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// CPU seconds a process has used (user and system), from /proc.
@@ -97,78 +80,20 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn tank_cli(exe: &Path, data: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
-    use std::io::Write;
-    let mut child = Command::new(exe)
-        .args(args)
-        .env("TANK_DATA_DIR", data)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    if let Some(s) = stdin {
-        child.stdin.take().expect("piped").write_all(s.as_bytes())?;
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "tank {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn start_tank(dir: &Path) -> Result<Server> {
-    let exe = std::env::current_exe().context("cannot find the tank program")?;
     let data = dir.join("tank-data");
     let port = free_port()?;
-    let mut child = Command::new(&exe)
-        .args([
-            "serve",
-            "--no-api",
-            "--s3",
-            &format!("http://127.0.0.1:{port}"),
-        ])
-        .env("TANK_DATA_DIR", &data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("cannot start tank serve")?;
-    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut ready = false;
-    let mut line = String::new();
-    while out.read_line(&mut line).unwrap_or(0) > 0 {
-        if line.starts_with("listening on ") {
-            ready = true;
-            break;
-        }
-        line.clear();
-    }
-    if !ready {
-        bail!("tank serve did not start");
-    }
-    // The rest of its log is read (and dropped) until it exits.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while out.read_line(&mut sink).unwrap_or(0) > 0 {
-            sink.clear();
-        }
-    });
+    let child = start_serve(
+        &data,
+        &["--no-api", "--s3", &format!("http://127.0.0.1:{port}")],
+        "warning: cannot serve S3",
+    )?;
     tank_cli(
-        &exe,
         &data,
         &["user", "add", "bench", "--admin"],
         Some("bench-password\n"),
     )?;
-    let keys = tank_cli(&exe, &data, &["key", "add", "bench"], None)?;
+    let keys = tank_cli(&data, &["key", "add", "bench"], None)?;
     let field = |k: &str| {
         keys.lines()
             .find_map(|l| l.strip_prefix(k))
@@ -225,7 +150,7 @@ fn start_minio(dir: &Path) -> Result<Server> {
         .spawn()
         .context("cannot start minio")?;
     let server = Server {
-        child,
+        child: Daemon(child),
         addr: format!("127.0.0.1:{port}"),
         access_key: user.into(),
         secret_key: pass.into(),
@@ -255,7 +180,7 @@ fn phase(
 ) -> Result<(Vec<Duration>, f64, f64)> {
     let op = Arc::new(op);
     let stop = Arc::new(AtomicBool::new(false));
-    let cpu0 = cpu_seconds(s.child.id());
+    let cpu0 = cpu_seconds(s.child.0.id());
     let start = Instant::now();
     let mut threads = Vec::new();
     for c in 0..clients {
@@ -287,7 +212,7 @@ fn phase(
         );
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(s.child.id()) - cpu0;
+    let cpu = cpu_seconds(s.child.0.id()) - cpu0;
     Ok((all, elapsed, cpu))
 }
 

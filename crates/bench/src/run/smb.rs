@@ -23,16 +23,15 @@
 //! Each figure is the median of `--runs` runs; each ratio is computed per run, then
 //! medianed.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::fsbench::median;
-use crate::run::util::{human, parse_size};
+use crate::run::util::{free_port, human, parse_size, start_serve, tank_cli, Daemon};
 
 #[derive(Args)]
 pub struct SmbBenchArgs {
@@ -67,58 +66,6 @@ struct Figures {
 const USER: &str = "bench";
 const PASSWORD: &str = "bench-password-1";
 const SHARE: &str = "bench";
-
-/// A process ended (and its process group with it) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let pid = self.0.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn tank_cli(exe: &Path, data: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
-    use std::io::Write;
-    let mut child = Command::new(exe)
-        .args(args)
-        .env("TANK_DATA_DIR", data)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    if let Some(s) = stdin {
-        child
-            .stdin
-            .take()
-            .context("piped")?
-            .write_all(s.as_bytes())?;
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "tank {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// Runs smbclient against `port` in `cwd`: its time, or why it failed.
 fn smbclient(port: u16, cwd: &Path, commands: &str) -> Result<Duration> {
@@ -155,50 +102,18 @@ fn wait_for_share(port: u16, cwd: &Path) -> Result<()> {
 }
 
 /// Starts `tank serve --smb` on `data` with the bench share: the daemon and smbd's port.
-fn start_tank(data: &Path) -> Result<(Proc, u16)> {
-    let exe = std::env::current_exe().context("cannot find the tank program")?;
+fn start_tank(data: &Path) -> Result<(Daemon, u16)> {
     let port = free_port()?;
-    let mut child = Command::new(&exe)
-        .args(["serve", "--no-api", "--smb", &format!("127.0.0.1:{port}")])
-        .env("TANK_DATA_DIR", data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("cannot start tank serve")?;
-    let mut out = std::io::BufReader::new(child.stdout.take().context("piped")?);
-    let daemon = Proc(child);
-    let mut line = String::new();
-    let mut ready = false;
-    while out.read_line(&mut line).unwrap_or(0) > 0 {
-        if line.starts_with("warning: cannot serve SMB") {
-            bail!("{}", line.trim());
-        }
-        if line.starts_with("listening on ") {
-            ready = true;
-            break;
-        }
-        line.clear();
-    }
-    if !ready {
-        bail!("tank serve did not start");
-    }
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while out.read_line(&mut sink).unwrap_or(0) > 0 {
-            sink.clear();
-        }
-    });
-    tank_cli(
-        &exe,
+    let daemon = start_serve(
         data,
-        &["user", "add", USER],
-        Some(&format!("{PASSWORD}\n")),
+        &["--no-api", "--smb", &format!("127.0.0.1:{port}")],
+        "warning: cannot serve SMB",
     )?;
-    tank_cli(&exe, data, &["dataset", "create", "tank/bench"], None)?;
-    let uid = tank_uid(&exe, data)?;
+    tank_cli(data, &["user", "add", USER], Some(&format!("{PASSWORD}\n")))?;
+    tank_cli(data, &["dataset", "create", "tank/bench"], None)?;
+    let uid = tank_uid(data)?;
     std::os::unix::fs::chown(data.join("mnt/tank/bench"), Some(uid), None)?;
     tank_cli(
-        &exe,
         data,
         &[
             "share",
@@ -215,9 +130,9 @@ fn start_tank(data: &Path) -> Result<(Proc, u16)> {
 }
 
 /// The bench account's uid.
-fn tank_uid(exe: &Path, data: &Path) -> Result<u32> {
+fn tank_uid(data: &Path) -> Result<u32> {
     let list: serde_json::Value =
-        serde_json::from_str(&tank_cli(exe, data, &["user", "list", "--json"], None)?)?;
+        serde_json::from_str(&tank_cli(data, &["user", "list", "--json"], None)?)?;
     list.as_array()
         .and_then(|a| a.iter().find(|u| u["name"] == USER))
         .and_then(|u| u["uid"].as_u64())
@@ -363,7 +278,7 @@ pub fn run(a: SmbBenchArgs) -> Result<()> {
             let owner = passwd_uid(&peer_dir.join("passwd"))?;
             std::os::unix::fs::chown(&peer_share, Some(owner), None)?;
             let mut cmd = tank_smb::plain_smbd(&peer_dir)?;
-            let _peer = Proc(
+            let _peer = Daemon(
                 cmd.stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()

@@ -1,10 +1,111 @@
 //! What the runners share: the data directory (where their scratch directories and the
-//! benchmark history go) and the parsers of sizes and record sizes.
+//! benchmark history go), the parsers of sizes and record sizes, and the servers they start
+//! as processes (`tank serve` and its peers): a free port, `tank` commands on a data
+//! directory, a process ended when dropped.
 
-use std::path::PathBuf;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+
+/// A server process, ended when dropped: SIGTERM, then SIGKILL after 60 s.
+pub struct Daemon(pub Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A TCP port free on 127.0.0.1 now.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Runs this program as `tank ARGS` on the data directory `data`, `stdin` written to it:
+/// its output, or its error.
+pub fn tank_cli(data: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    use std::io::Write;
+    let exe = std::env::current_exe().context("cannot find the tank program")?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(s) = stdin {
+        child
+            .stdin
+            .take()
+            .context("piped")?
+            .write_all(s.as_bytes())?;
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "tank {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Starts `tank serve ARGS` on `data` and returns once it listens (the rest of its output
+/// is read and dropped); a line starting with `refuse` (a front end it cannot serve) is
+/// its error.
+pub fn start_serve(data: &Path, args: &[&str], refuse: &str) -> Result<Daemon> {
+    let exe = std::env::current_exe().context("cannot find the tank program")?;
+    let mut child = Command::new(&exe)
+        .arg("serve")
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("cannot start tank serve")?;
+    let mut out = std::io::BufReader::new(child.stdout.take().context("piped")?);
+    let daemon = Daemon(child);
+    let mut line = String::new();
+    let mut ready = false;
+    while out.read_line(&mut line).unwrap_or(0) > 0 {
+        if line.starts_with(refuse) {
+            bail!("{}", line.trim());
+        }
+        if line.starts_with("listening on ") {
+            ready = true;
+            break;
+        }
+        line.clear();
+    }
+    if !ready {
+        bail!("tank serve did not start");
+    }
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while out.read_line(&mut sink).unwrap_or(0) > 0 {
+            sink.clear();
+        }
+    });
+    Ok(daemon)
+}
 
 static DATA_DIR: OnceLock<PathBuf> = OnceLock::new();
 
