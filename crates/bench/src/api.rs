@@ -15,7 +15,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,31 +47,9 @@ pub struct Options {
 }
 
 struct Daemon {
-    child: Child,
+    child: crate::run::util::Daemon,
     addr: std::net::SocketAddr,
     data: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = nix_kill(self.child.id());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn nix_kill(pid: u32) -> std::io::Result<()> {
-    Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .map(|_| ())
 }
 
 /// The daemon's resident memory in bytes.
@@ -142,7 +120,7 @@ fn start(exe: &Path, data: &Path) -> Result<Daemon> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(Daemon {
-        child,
+        child: crate::run::util::Daemon(child),
         addr,
         data: data.to_path_buf(),
     })
@@ -224,7 +202,7 @@ fn measure(
     clients: usize,
     seconds: f64,
 ) -> Result<Sample> {
-    let pid = d.child.id();
+    let pid = d.child.0.id();
     let rss_rest = rss(pid);
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {

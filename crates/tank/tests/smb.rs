@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,20 +18,7 @@ struct Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.child.id().to_string()])
-                .status();
-        }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::stop(&mut self.child);
     }
 }
 
@@ -77,28 +64,7 @@ fn serve(data: &Path) -> Daemon {
     }
 }
 
-fn tank(data: &Path, args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(args)
-        .env("TANK_DATA_DIR", data)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "tank {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::tank;
 
 /// smbclient on `share` as `user` (`None`: a guest) running `commands` in `dir`: its exit
 /// status and its output.
@@ -136,6 +102,23 @@ fn smbclient(
     (out.status.success() && !text.contains("NT_STATUS_"), text)
 }
 
+/// Waits (20 s at most) until `share` answers `user` on `port`: a share reaches smbd
+/// within a second of its change.
+fn wait_for_share(port: u16, share: &str, user: Option<(&str, &str)>, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, out) = smbclient(port, share, user, dir, "ls");
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "share {share} never came on port {port}: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 fn sha256(path: &Path) -> String {
     let out = Command::new("sha256sum").arg(path).output().unwrap();
     String::from_utf8_lossy(&out.stdout)
@@ -162,6 +145,22 @@ fn missing() -> Option<String> {
     None
 }
 
+/// The start of a test: `None` (the test recorded as skipped, with why) where SMB cannot
+/// be served here; else a temporary directory holding tank's data directory and a work
+/// directory for smbclient's files, and the daemon serving SMB on that data directory.
+fn start(name: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Daemon)> {
+    if let Some(why) = missing() {
+        common::skip(name, &why);
+        return None;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let d = serve(&data);
+    Some((tmp, data, work, d))
+}
+
 /// The smbclient workout: accounts and their passwords, users and groups of a share,
 /// guests, read-only shares, large files both ways, the same files through the local
 /// mount, a password change and a share change taking effect live, smbd killed and
@@ -169,14 +168,9 @@ fn missing() -> Option<String> {
 #[test]
 fn smbclient_workout() {
     const NAME: &str = "smbclient_workout";
-    if let Some(why) = missing() {
-        return common::skip(NAME, &why);
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let work = tmp.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let d = serve(&data);
+    let Some((_tmp, data, work, d)) = start(NAME) else {
+        return;
+    };
     tank(&data, &["group", "add", "staff"], None);
     tank(
         &data,
@@ -225,19 +219,7 @@ fn smbclient_workout() {
     let mount = data.join("mnt/tank/docs");
     std::os::unix::fs::chown(&mount, Some(1000), Some(1000)).unwrap();
     let alice = Some(("alice", "alice-pass-1"));
-    // Wait for the shares to reach smbd (it is told within a second).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (ok, out) = smbclient(d.port, "docs", alice, &work, "ls");
-        if ok {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the docs share never came: {out}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    wait_for_share(d.port, "docs", alice, &work);
 
     // Put, list, get, rename, mkdir, delete.
     std::fs::write(work.join("hello.txt"), b"hello over SMB\n").unwrap();
@@ -579,40 +561,19 @@ fn torture(port: u16, suites: &[(&str, &str)]) -> BTreeMap<(String, String), Str
 /// Samba's smbd on tank's generated configuration, its shares' paths moved to plain
 /// directories under `dir` (the host's file system), on `port`: the peer tank is held to.
 fn peer_smbd(data: &Path, dir: &Path, port: u16) -> Daemonless {
-    let smb = data.join("smb");
     let peer = dir.join("peer-smb");
-    for d in ["private", "lock", "state", "cache", "run", "log"] {
-        std::fs::create_dir_all(peer.join(d)).unwrap();
-    }
-    for f in ["passwd", "group", "private/smbpasswd"] {
-        std::fs::copy(smb.join(f), peer.join(f)).unwrap();
-    }
-    let conf = std::fs::read_to_string(smb.join("smb.conf")).unwrap();
-    let mnt = format!("{}/", data.join("mnt/tank").display());
+    let mnt = data.join("mnt/tank");
     let shares = dir.join("peer-shares");
-    let mut text = String::new();
-    for line in conf.lines() {
-        let t = line.trim_start();
-        let line = if let Some(p) = t.strip_prefix("path = ") {
-            let rel = p
-                .strip_prefix(&mnt)
-                .expect("a share of a dataset under tank");
-            let d = shares.join(rel);
-            std::fs::create_dir_all(&d).unwrap();
-            std::os::unix::fs::chown(&d, Some(1000), Some(100)).unwrap();
-            format!("\tpath = {}", d.display())
-        } else if t.starts_with("smb ports = ") {
-            format!("\tsmb ports = {port}")
-        } else {
-            line.replace(
-                &format!("{}/", smb.display()),
-                &format!("{}/", peer.display()),
-            )
-        };
-        text.push_str(&line);
-        text.push('\n');
-    }
-    std::fs::write(peer.join("smb.conf"), text).unwrap();
+    tank_bench::run::smb::make_peer(&data.join("smb"), &peer, port, |path| {
+        let rel = Path::new(path)
+            .strip_prefix(&mnt)
+            .expect("a share of a dataset under tank");
+        let d = shares.join(rel);
+        std::fs::create_dir_all(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(1000), Some(100)).unwrap();
+        d
+    })
+    .unwrap();
     let child = tank_smb::plain_smbd(&peer)
         .unwrap()
         .stdout(Stdio::null())
@@ -656,9 +617,6 @@ const BEHIND_THE_PEER: &[(&str, &str)] = &[
 #[test]
 fn smbtorture_subset() {
     const NAME: &str = "smbtorture_subset";
-    if let Some(why) = missing() {
-        return common::skip(NAME, &why);
-    }
     if Command::new("smbtorture")
         .arg("--version")
         .output()
@@ -669,9 +627,9 @@ fn smbtorture_subset() {
             "smbtorture is not installed (apt-get install samba-testsuite)",
         );
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let d = serve(&data);
+    let Some((tmp, data, work, d)) = start(NAME) else {
+        return;
+    };
     tank(&data, &["user", "add", "alice"], Some("alice-pass-1\n"));
     for (ds, share, extra) in [
         ("tank/t", "t", vec![]),
@@ -688,12 +646,8 @@ fn smbtorture_subset() {
         args.extend(extra);
         tank(&data, &args, None);
     }
-    let work = tmp.path();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !smbclient(d.port, "tm", Some(("alice", "alice-pass-1")), work, "ls").0 {
-        assert!(Instant::now() < deadline, "the shares never came");
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let work = work.as_path();
+    wait_for_share(d.port, "tm", Some(("alice", "alice-pass-1")), work);
     let suites: &[(&str, &str)] = &[
         ("t", "vfs.fruit"),
         ("t", "vfs.fruit_file_id"),
@@ -724,11 +678,7 @@ fn smbtorture_subset() {
         .port();
     let theirs = {
         let _peer = peer_smbd(&data, tmp.path(), peer_port);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !smbclient(peer_port, "tm", Some(("alice", "alice-pass-1")), work, "ls").0 {
-            assert!(Instant::now() < deadline, "the peer never came");
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        wait_for_share(peer_port, "tm", Some(("alice", "alice-pass-1")), work);
         torture(peer_port, suites)
     };
     let mut report = String::new();
@@ -814,14 +764,9 @@ fn random_file(path: &Path, mib: usize, seed: u64) {
 #[test]
 fn smb_faults() {
     const NAME: &str = "smb_faults";
-    if let Some(why) = missing() {
-        return common::skip(NAME, &why);
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let work = tmp.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let d = serve(&data);
+    let Some((_tmp, data, work, d)) = start(NAME) else {
+        return;
+    };
     tank(&data, &["user", "add", "alice"], Some("alice-pass-1\n"));
     tank(
         &data,
@@ -839,11 +784,7 @@ fn smb_faults() {
     }
     let alice = Some(("alice", "alice-pass-1"));
     let mount = data.join("mnt/tank/q");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !smbclient(d.port, "gone", alice, &work, "ls").0 {
-        assert!(Instant::now() < deadline, "the shares never came");
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    wait_for_share(d.port, "gone", alice, &work);
     random_file(&work.join("keep.bin"), 2, 1);
     random_file(&work.join("big.bin"), 24, 2);
     let (ok, out) = smbclient(d.port, "q", alice, &work, "put keep.bin");
@@ -1023,14 +964,10 @@ fn smb_faults() {
 #[test]
 fn smb_pool_suspended() {
     const NAME: &str = "smb_pool_suspended";
-    if let Some(why) = missing() {
-        return common::skip(NAME, &why);
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let work = tmp.path().join("work");
+    let Some((tmp, data, work, d)) = start(NAME) else {
+        return;
+    };
     let tiny = tmp.path().join("tiny");
-    std::fs::create_dir_all(&work).unwrap();
     std::fs::create_dir_all(&tiny).unwrap();
     // The device's file system: a 40 MiB tmpfs, which a 64 MiB write fills.
     let mounted = Command::new("mount")
@@ -1054,7 +991,6 @@ fn smb_pool_suspended() {
         }
     }
     let _tiny = Unmount(tiny.clone());
-    let d = serve(&data);
     tank(&data, &["user", "add", "alice"], Some("alice-pass-1\n"));
     let device = tiny.join("d0");
     tank(
@@ -1086,11 +1022,7 @@ fn smb_pool_suspended() {
         None,
     );
     let alice = Some(("alice", "alice-pass-1"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !smbclient(d.port, "s", alice, &work, "ls").0 {
-        assert!(Instant::now() < deadline, "the share never came");
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    wait_for_share(d.port, "s", alice, &work);
     random_file(&work.join("small.bin"), 8, 7);
     random_file(&work.join("big.bin"), 64, 8);
     let (ok, out) = smbclient(d.port, "s", alice, &work, "put small.bin");

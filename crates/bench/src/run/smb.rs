@@ -140,9 +140,16 @@ fn tank_uid(data: &Path) -> Result<u32> {
         .context("the bench account has no uid")
 }
 
-/// Copies tank's generated Samba files into `peer` (laid out as `DATA_DIR/smb`), the
-/// share's path and port changed to `share_dir` and `port`.
-fn make_peer(tank_smb: &Path, peer: &Path, share_dir: &Path, port: u16) -> Result<()> {
+/// Copies tank's generated Samba files (`DATA_DIR/smb`) into `peer`, laid out the same
+/// way, for a peer that serves with tank's very configuration: each share's path becomes
+/// `share_dir(its path under tank)`, the port `port`. smbd is then started on `peer`
+/// with `tank_smb::plain_smbd`.
+pub fn make_peer(
+    tank_smb: &Path,
+    peer: &Path,
+    port: u16,
+    share_dir: impl Fn(&str) -> PathBuf,
+) -> Result<()> {
     for d in ["private", "lock", "state", "cache", "run", "log"] {
         std::fs::create_dir_all(peer.join(d))?;
     }
@@ -156,8 +163,8 @@ fn make_peer(tank_smb: &Path, peer: &Path, share_dir: &Path, port: u16) -> Resul
     let mut out = String::new();
     for line in conf.lines() {
         let t = line.trim_start();
-        let line = if t.starts_with("path = ") {
-            format!("\tpath = {}", share_dir.display())
+        let line = if let Some(path) = t.strip_prefix("path = ") {
+            format!("\tpath = {}", share_dir(path).display())
         } else if t.starts_with("smb ports = ") {
             format!("\tsmb ports = {port}")
         } else {
@@ -266,7 +273,9 @@ pub fn run(a: SmbBenchArgs) -> Result<()> {
             let f = measure(port, &work, &big, &small, &a)?;
             eprintln!("  tank: {f:.1?}");
             tank_runs.push(f);
-            make_peer(&data.join("smb"), &peer_dir, &peer_share, peer_port)?;
+            make_peer(&data.join("smb"), &peer_dir, peer_port, |_| {
+                peer_share.clone()
+            })?;
         }
         if !a.no_peer {
             eprintln!(

@@ -38,3 +38,49 @@ pub fn skip(test: &str, why: &str) {
         let _ = writeln!(f, "{line}");
     }
 }
+
+/// Stops a daemon the test started: SIGTERM, then SIGKILL if it is still running after
+/// 60 s (a daemon syncs and exports its pools on SIGTERM).
+pub fn stop(child: &mut std::process::Child) {
+    use std::time::{Duration, Instant};
+    if let Ok(None) = child.try_wait() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Runs `tank ARGS` on the data directory `data`, `stdin` written to it; asserts that it
+/// succeeds and returns its output.
+pub fn tank(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> String {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "tank {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
