@@ -1146,6 +1146,103 @@ impl ObjectSet {
         Ok(())
     }
 
+    /// Deallocates `len` bytes at `offset` (a hole punch; SCSI UNMAP): the blocks wholly
+    /// inside are freed, the parts of the blocks at either end are zeroed. The object's size
+    /// does not change; the range is clipped to it. Logged as the blocks it removes, so an
+    /// intent-log commit makes it durable like a write.
+    pub fn free_range(
+        &self,
+        tx: &Tx<'_>,
+        obj: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), ObjectError> {
+        self.open_context()?;
+        let _w = self.write_lock.lock();
+        let mut info = self.stat(obj)?;
+        let bs = u64::from(info.block_size);
+        let end = offset.saturating_add(len).min(info.size);
+        if offset >= end {
+            return Ok(());
+        }
+        let first_whole = offset.div_ceil(bs);
+        let end_whole = end / bs;
+        // The partial blocks at the ends (one block if the range is inside one).
+        let mut edges = Vec::new();
+        if first_whole > end_whole {
+            edges.push((offset, end));
+        } else {
+            if !offset.is_multiple_of(bs) {
+                edges.push((offset, first_whole * bs));
+            }
+            if !end.is_multiple_of(bs) && end_whole >= first_whole {
+                edges.push((end_whole * bs, end));
+            }
+        }
+        for (from, to) in edges {
+            let blkid = from / bs;
+            let Some(mut b) = self.read_block(obj, blkid)? else {
+                continue;
+            };
+            let lo = (from - blkid * bs) as usize;
+            let hi = ((to - blkid * bs) as usize).min(b.len());
+            if lo < hi {
+                b[lo..hi].fill(0);
+                let (v, delta) = self.put_block(obj, blkid, b)?;
+                info.count_data(delta);
+                let key = key(obj, KIND_DATA, blkid);
+                self.log(tx.txg, crate::zil::LogOp::Set { key, value: v });
+            }
+        }
+        if first_whole < end_whole {
+            let start = key(obj, KIND_DATA, first_whole);
+            let stop = key(obj, KIND_DATA, end_whole);
+            loop {
+                let items = self
+                    .tree
+                    .lock()
+                    .range(&self.store(), &start, &stop, TRUNCATE_BATCH)?;
+                if items.is_empty() {
+                    break;
+                }
+                for (k, _) in items {
+                    let removed = self.tree_remove(&k)?;
+                    info.count_data(-(removed as i64));
+                    self.log(
+                        tx.txg,
+                        crate::zil::LogOp::Set {
+                            key: k,
+                            value: None,
+                        },
+                    );
+                }
+            }
+        }
+        info.modified_txg = tx.txg;
+        self.put_info(&info)?;
+        let value = Some(Self::inline(&info.encode()));
+        self.log(
+            tx.txg,
+            crate::zil::LogOp::Set {
+                key: key(obj, KIND_HEADER, 0),
+                value,
+            },
+        );
+        Ok(())
+    }
+
+    /// Which of the blocks `first..first + count` of an object hold data (the others are
+    /// holes), in order.
+    pub fn mapped_blocks(&self, obj: u64, first: u64, count: u64) -> Result<Vec<u64>, ObjectError> {
+        let start = key(obj, KIND_DATA, first);
+        let stop = key(obj, KIND_DATA, first.saturating_add(count));
+        let items = self
+            .tree
+            .lock()
+            .range(&self.store(), &start, &stop, count as usize)?;
+        Ok(items.into_iter().map(|(k, _)| k.offset).collect())
+    }
+
     /// Removes the data blocks from `first` on; returns the bytes they held.
     fn remove_data_from(&self, obj: u64, first: u64) -> Result<u64, ObjectError> {
         self.remove_range(key(obj, KIND_DATA, first), key(obj, KIND_DATA + 1, 0))

@@ -72,6 +72,10 @@ pub struct User {
     /// authentication needs: kept for Samba's password file, never shown.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub nt_hash: Option<String>,
+    /// The user's iSCSI CHAP secret. CHAP proves knowledge of the secret itself, so it is
+    /// kept as it is (like an S3 secret key), never shown; it is not the password.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub chap_secret: Option<String>,
     /// Seconds since 1970.
     pub created: u64,
 }
@@ -82,6 +86,7 @@ impl User {
         User {
             password: None,
             nt_hash: None,
+            chap_secret: None,
             ..self.clone()
         }
     }
@@ -350,6 +355,7 @@ impl Accounts {
                 s3_bucket_create: false,
                 password,
                 nt_hash: new.password.as_deref().map(nt_hash),
+                chap_secret: None,
                 created: now_secs(),
             };
             let mut table = txn.open_table(USERS)?;
@@ -412,7 +418,8 @@ impl Accounts {
     }
 
     /// `user set NAME KEY=VALUE`: `uid=N`, `admin=on|off`, `group=G` (the primary group),
-    /// `s3_bucket_create=on|off`.
+    /// `s3_bucket_create=on|off`, `chap_secret=SECRET` (12 to 255 printable characters, as
+    /// initiators accept; empty: none).
     pub fn set_user(&self, name: &str, key: &str, value: &str) -> Res<User> {
         let groups = self.groups()?;
         let users = self.users()?;
@@ -453,6 +460,19 @@ impl Accounts {
                         }
                     }
                 }
+                "chap_secret" => {
+                    if value.is_empty() {
+                        u.chap_secret = None;
+                    } else if (12..=255).contains(&value.len())
+                        && value.chars().all(|c| c.is_ascii_graphic())
+                    {
+                        u.chap_secret = Some(value.to_string());
+                    } else {
+                        return Err(ServiceError::Invalid(
+                            "a CHAP secret has 12 to 255 printable characters without spaces (RFC 7143 asks for at least 96 bits)".into(),
+                        ));
+                    }
+                }
                 "group" => {
                     let g = groups.iter().find(|g| g.name == value).ok_or_else(|| {
                         ServiceError::NotFound(format!("no such group '{value}'"))
@@ -461,7 +481,7 @@ impl Accounts {
                 }
                 _ => {
                     return Err(ServiceError::Invalid(format!(
-                    "unknown user setting '{key}' (settings: uid, admin, group, s3_bucket_create)"
+                    "unknown user setting '{key}' (settings: uid, admin, group, s3_bucket_create, chap_secret)"
                 )))
                 }
             }

@@ -2,8 +2,8 @@
 //! at once, and told of every change to it.
 //!
 //! # Theory of operation
-//! A front end that serves a filesystem dataset (the FUSE mount now; S3, NFS and SMB next)
-//! asks the service for a [`Hold`] on it. The first hold opens the dataset's POSIX layer
+//! A front end that serves a filesystem dataset (the FUSE mount, S3, NFS, SMB) or a volume
+//! (iSCSI) asks the service for a [`Hold`] on it. The first hold opens the dataset's POSIX layer
 //! once (`Fs`, with its one namespace lock) and marks the dataset in use in the dataset
 //! directory; later holds share that same `Fs`, so every front end sees one namespace and
 //! one cache. Dropping the last hold closes the handle and the dataset is free again.
@@ -25,6 +25,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
 use tank_dataset::posix::Fs;
+use tank_dataset::zvol::Volume;
 use tank_dataset::{DatasetKind, DsHooks, Dsl};
 use tank_object::ObjectStore;
 
@@ -69,14 +70,16 @@ struct HolderEntry {
     holder: Arc<dyn Holder>,
 }
 
-/// One open filesystem dataset, shared by its holders.
+/// One open filesystem dataset or volume, shared by its holders.
 pub struct DatasetHandle {
     pool: String,
     id: u64,
     name: Mutex<String>,
     dsl: Arc<Dsl>,
     store: Arc<ObjectStore>,
+    kind: DatasetKind,
     fs: RwLock<Option<Arc<Fs>>>,
+    vol: RwLock<Option<Arc<Volume>>>,
     holders: Mutex<Vec<HolderEntry>>,
 }
 
@@ -99,6 +102,31 @@ impl DatasetHandle {
     /// The filesystem; `None` while a rollback replaces it or after a forced destroy.
     pub fn fs(&self) -> Option<Arc<Fs>> {
         self.fs.read().clone()
+    }
+
+    /// The volume, for a volume's handle; `None` while a rollback replaces it or after a
+    /// forced destroy.
+    pub fn volume(&self) -> Option<Arc<Volume>> {
+        self.vol.read().clone()
+    }
+
+    /// Opens the filesystem or the volume, whichever the dataset is.
+    fn open(&self) -> Res<()> {
+        if self.kind == DatasetKind::Volume {
+            let v = Volume::open(self.dsl.clone(), &self.name()).map_err(|e| {
+                ServiceError::Failed(format!("cannot open the volume '{}': {e}", self.name()))
+            })?;
+            *self.vol.write() = Some(Arc::new(v));
+        } else {
+            *self.fs.write() = Some(self.open_fs()?);
+        }
+        Ok(())
+    }
+
+    /// Lets go of the filesystem or volume.
+    fn shut(&self) {
+        self.fs.write().take();
+        self.vol.write().take();
     }
 
     /// What holds it, as `dsl` shows it when it refuses a change.
@@ -170,6 +198,11 @@ impl Hold {
         self.handle.fs()
     }
 
+    /// The shared volume (`None` while a rollback replaces it).
+    pub fn volume(&self) -> Option<Arc<Volume>> {
+        self.handle.volume()
+    }
+
     /// Tells the dataset's other holders what this one changed.
     pub fn changed(&self, change: Changed) {
         let others: Vec<Arc<dyn Holder>> = self
@@ -199,7 +232,7 @@ impl Drop for Hold {
             if let Some(handles) = self.handles.upgrade() {
                 handles.close(h);
             } else {
-                h.fs.write().take();
+                h.shut();
                 h.dsl.release(h.id);
             }
         } else {
@@ -209,7 +242,7 @@ impl Drop for Hold {
 }
 
 impl Handles {
-    /// Holds the filesystem dataset `name` of an open pool for `what` (a description such
+    /// Holds the filesystem or volume `name` of an open pool for `what` (a description such
     /// as "mounted at /mnt/x" or "nfs export x"), telling `holder` of its changes.
     pub fn hold(
         self: &Arc<Self>,
@@ -225,9 +258,9 @@ impl Handles {
         let rec = dsl
             .record(id)
             .map_err(|e| ServiceError::from_anyhow(&e.into()))?;
-        if rec.kind != DatasetKind::Filesystem {
+        if rec.kind != DatasetKind::Filesystem && rec.kind != DatasetKind::Volume {
             return Err(ServiceError::Invalid(format!(
-                "cannot serve '{name}': it is a {}, not a filesystem",
+                "cannot serve '{name}': it is a {}, not a filesystem or volume",
                 rec.kind.name()
             )));
         }
@@ -247,11 +280,12 @@ impl Handles {
                     name: Mutex::new(name.to_string()),
                     dsl: dsl.clone(),
                     store: store.clone(),
+                    kind: rec.kind,
                     fs: RwLock::new(None),
+                    vol: RwLock::new(None),
                     holders: Mutex::new(Vec::new()),
                 });
-                let fs = h.open_fs()?;
-                *h.fs.write() = Some(fs);
+                h.open()?;
                 map.insert(key, h.clone());
                 h
             }
@@ -277,7 +311,7 @@ impl Handles {
             return;
         }
         map.remove(&(h.pool.clone(), h.id));
-        h.fs.write().take();
+        h.shut();
         h.dsl.release(h.id);
     }
 
@@ -328,13 +362,11 @@ impl Handles {
         h.notify(&DatasetEvent::Suspending {
             why: why.to_string(),
         });
-        h.fs.write().take();
+        h.shut();
         dsl.release(id);
         let r = f();
-        let reopened = h.open_fs();
-        match reopened {
-            Ok(fs) => {
-                *h.fs.write() = Some(fs);
+        match h.open() {
+            Ok(()) => {
                 h.mark();
                 h.notify(&DatasetEvent::Resumed);
                 Ok(r)
@@ -367,7 +399,7 @@ impl Handles {
             h.notify(&DatasetEvent::Destroying);
             let mut map = self.map.lock();
             map.remove(&(h.pool.clone(), h.id));
-            h.fs.write().take();
+            h.shut();
             h.holders.lock().clear();
             h.dsl.release(h.id);
         }

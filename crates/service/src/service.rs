@@ -155,9 +155,9 @@ impl Service {
         Ok((o, notes))
     }
 
-    /// Holds the filesystem dataset `name` for a front end (`what` says which, e.g. "nfs
-    /// export x"); `holder` is told of renames, rollbacks, property changes and a forced
-    /// destroy. Every holder of a dataset shares one open filesystem.
+    /// Holds the filesystem dataset or volume `name` for a front end (`what` says which,
+    /// e.g. "nfs export x"); `holder` is told of renames, rollbacks, property changes and a
+    /// forced destroy. Every holder of a dataset shares one open filesystem (or volume).
     pub fn hold(
         &self,
         name: &str,

@@ -19,7 +19,10 @@
 //! | smb | filesystem | `users`, `groups` (accounts; empty: every account), `browseable` (on), `guest` (off), `timemachine` (off), `timemachine_quota` (a size; with timemachine), `previous_versions` (on), `snapshot_schedule` (`off`, or `15min`/`hourly`/`daily`/`weekly` with `:KEEP`) |
 //! | nfs | filesystem | `clients` or `hosts` (addresses, CIDR networks or host names; default none), `squash` (`root`/`root_squash`, `none`/`no_root_squash`, `all`/`all_squash`), `anonuid`, `anongid` (65534), `sec` (`sys`) |
 //! | s3 | filesystem | `users`, `groups`, `public` (`off`, `read`); the name is the bucket name |
-//! | iscsi | volume | `iqn` (a target name; default `iqn.2026-11.org.tank:POOL.NAME`), `lun` (0-255, default 0), `initiators` (IQNs; empty: none), `chap_users` (accounts) |
+//! | iscsi | volume | `iqn` (the target; the share's name when that is an IQN, else `iqn.2026-11.org.tank:POOL.VOLUME`), `lun` (0-255, default 0), `initiators` (the initiator IQNs allowed to log in; empty: any, as an initiator group that allows all; CHAP is what authenticates), `chap_users` or `chap_user` (accounts whose CHAP secret logs in; empty: no CHAP), `mutual_chap_user` (the account whose secret the target answers with) |
+//!
+//! Several iscsi shares with the same target IQN and different `lun`s are one target with
+//! several LUNs; such a share goes by `IQN/LUN` where the IQN alone is ambiguous.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -191,9 +194,13 @@ fn check_iqn(iqn: &str) -> Res<()> {
     Ok(())
 }
 
-/// A share name: for s3 a bucket name (3-63 lowercase letters, digits, '-' and '.'), for the
-/// others 1-80 letters, digits, '_', '-' and '.'.
+/// A share name: for s3 a bucket name (3-63 lowercase letters, digits, '-' and '.'), for
+/// iscsi the target's IQN or a short name, for the others 1-80 letters, digits, '_', '-' and
+/// '.'.
 fn check_name(protocol: &str, name: &str) -> Res<()> {
+    if protocol == "iscsi" && name.starts_with("iqn.") {
+        return check_iqn(name);
+    }
     if protocol == "s3" {
         let ok = (3..=63).contains(&name.len())
             && name
@@ -280,11 +287,20 @@ pub fn validate(
         out.insert(k.to_string(), v.to_string());
     }
     if protocol == "iscsi" {
-        let (pool, vol) = dataset.split_once('/').unwrap_or((dataset, ""));
-        out.insert(
-            "iqn".into(),
-            format!("iqn.2026-11.org.tank:{pool}.{}", vol.replace('/', ".")).to_lowercase(),
-        );
+        // A share named by an IQN is that target's LUN; otherwise the target is named after
+        // the volume unless `iqn` says otherwise.
+        let iqn = if name.starts_with("iqn.") {
+            if let Some(given) = options.get("iqn").filter(|i| *i != name) {
+                return Err(invalid(format!(
+                    "the share is named by the target IQN '{name}', and iqn={given} names another"
+                )));
+            }
+            name.to_string()
+        } else {
+            let (pool, vol) = dataset.split_once('/').unwrap_or((dataset, ""));
+            format!("iqn.2026-11.org.tank:{pool}.{}", vol.replace('/', ".")).to_lowercase()
+        };
+        out.insert("iqn".into(), iqn);
     }
     let check_accounts = |key: &str, value: &str| -> Res<String> {
         let names = list(value);
@@ -311,6 +327,7 @@ pub fn validate(
             (_, "ro") => "readonly".to_string(),
             ("nfs", "hosts") => "clients".to_string(),
             ("s3", "public_read") => "public".to_string(),
+            ("iscsi", "chap_user") => "chap_users".to_string(),
             _ => k.clone(),
         };
         let value = match (protocol, k.as_str()) {
@@ -323,7 +340,9 @@ pub fn validate(
                 }
                 v.clone()
             }
-            ("smb" | "s3", "users" | "groups") | ("iscsi", "chap_users") => check_accounts(k, v)?,
+            ("smb" | "s3", "users" | "groups") | ("iscsi", "chap_users" | "mutual_chap_user") => {
+                check_accounts(k, v)?
+            }
             ("smb", "browseable" | "guest" | "timemachine" | "previous_versions") => on_off(k, v)?,
             ("smb", "snapshot_schedule") => {
                 let (every, keep) = parse_snapshot_schedule(v).map_err(invalid)?;
@@ -420,6 +439,21 @@ pub fn validate(
             }
         }
     }
+    if out
+        .get("mutual_chap_user")
+        .is_some_and(|m| !m.is_empty() && m.contains(','))
+    {
+        return Err(invalid(
+            "mutual_chap_user names one account: the one whose CHAP secret the target proves it knows".into(),
+        ));
+    }
+    if out.get("mutual_chap_user").is_some_and(|m| !m.is_empty())
+        && out.get("chap_users").is_none_or(String::is_empty)
+    {
+        return Err(invalid(
+            "mutual_chap_user needs chap_user: the initiator proves itself first".into(),
+        ));
+    }
     if out.contains_key("timemachine_quota")
         && out.get("timemachine").map(String::as_str) != Some("on")
     {
@@ -508,18 +542,44 @@ impl Registry {
         out
     }
 
+    /// The share `name`; an iscsi target's LUN as `NAME/LUN` when the target has several.
     fn find(&self, pools: &[Arc<Dsl>], name: &str) -> Res<(ShareInfo, Arc<Dsl>)> {
+        let (base, lun) = match name.rsplit_once('/') {
+            Some((b, l)) if l.parse::<u16>().is_ok() => (b, Some(l)),
+            _ => (name, None),
+        };
+        let mut found: Vec<(ShareInfo, Arc<Dsl>)> = Vec::new();
         for dsl in pools {
-            if let Some(s) = self
-                .list(std::slice::from_ref(dsl))
-                .into_iter()
-                .find(|s| s.name == name)
-            {
-                // Changes carry the share, not what a server says of it.
-                return Ok((ShareInfo { state: None, ..s }, dsl.clone()));
+            for s in self.list(std::slice::from_ref(dsl)) {
+                let lun_ok =
+                    lun.is_none_or(|l| s.options.get("lun").map(String::as_str) == Some(l));
+                if s.name == base && lun_ok {
+                    // Changes carry the share, not what a server says of it.
+                    found.push((ShareInfo { state: None, ..s }, dsl.clone()));
+                }
             }
         }
-        Err(ServiceError::NotFound(format!("no such share '{name}'")))
+        match found.len() {
+            0 => Err(ServiceError::NotFound(format!("no such share '{name}'"))),
+            1 => Ok(found.remove(0)),
+            _ => {
+                let forms: Vec<String> = found
+                    .iter()
+                    .map(|(s, _)| format!("{base}/{}", s.options.get("lun").map_or("0", |l| l)))
+                    .collect();
+                Err(invalid(format!(
+                    "share '{name}' is a target with several LUNs: name one, as {}",
+                    forms.join(" or ")
+                )))
+            }
+        }
+    }
+
+    /// Whether the stored `s` is the share `info` (by name, and by LUN for iscsi).
+    fn same(s: &Share, info: &ShareInfo) -> bool {
+        s.name == info.name
+            && s.protocol == info.protocol
+            && s.options.get("lun") == info.options.get("lun")
     }
 
     fn write(dsl: &Dsl, dataset: &str, f: impl FnOnce(&mut Vec<Share>)) -> Res<()> {
@@ -567,11 +627,25 @@ impl Registry {
             )));
         }
         let options = validate(protocol, name, dataset, kind, options, accounts)?;
-        if let Some(s) = self.list(pools).into_iter().find(|s| s.name == name) {
-            return Err(ServiceError::Exists(format!(
-                "share '{name}' exists ({} share of {})",
-                s.protocol, s.dataset
-            )));
+        for s in self.list(pools) {
+            if protocol == "iscsi"
+                && s.protocol == "iscsi"
+                && s.options.get("iqn") == options.get("iqn")
+                && s.options.get("lun") == options.get("lun")
+            {
+                return Err(ServiceError::Exists(format!(
+                    "target {} has a LUN {} already (share '{}' of {})",
+                    options["iqn"], options["lun"], s.name, s.dataset
+                )));
+            }
+            // Several LUNs of one target may go by the target's name.
+            let luns_of_one_target = protocol == "iscsi" && s.protocol == "iscsi";
+            if s.name == name && !luns_of_one_target {
+                return Err(ServiceError::Exists(format!(
+                    "share '{name}' exists ({} share of {})",
+                    s.protocol, s.dataset
+                )));
+            }
         }
         let share = Share {
             protocol: protocol.to_string(),
@@ -617,14 +691,22 @@ impl Registry {
         }
         let options = validate(
             &before.protocol,
-            name,
+            &before.name,
             &before.dataset,
             kind,
             &given,
             accounts,
         )?;
+        if before.protocol == "iscsi"
+            && (options.get("lun") != before.options.get("lun")
+                || options.get("iqn") != before.options.get("iqn"))
+        {
+            return Err(invalid(
+                "a LUN's target and number do not change: remove the share and add it anew".into(),
+            ));
+        }
         Self::write(&dsl, &before.dataset, |v| {
-            for s in v.iter_mut().filter(|s| s.name == name) {
+            for s in v.iter_mut().filter(|s| Self::same(s, &before)) {
                 s.options = options.clone();
             }
         })?;
@@ -641,7 +723,7 @@ impl Registry {
 
     pub fn remove(&self, pools: &[Arc<Dsl>], name: &str) -> Res<ShareInfo> {
         let (info, dsl) = self.find(pools, name)?;
-        Self::write(&dsl, &info.dataset, |v| v.retain(|s| s.name != name))?;
+        Self::write(&dsl, &info.dataset, |v| v.retain(|s| !Self::same(s, &info)))?;
         self.notify(ShareChange::Removed(info.clone()));
         Ok(info)
     }

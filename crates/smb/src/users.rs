@@ -126,6 +126,7 @@ mod tests {
             s3_bucket_create: false,
             password: None,
             nt_hash: nt.map(str::to_string),
+            chap_secret: None,
             created: 0x1234,
         }
     }

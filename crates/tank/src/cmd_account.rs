@@ -24,7 +24,9 @@ pub enum UserCmd {
     /// Change a user's password (read from standard input, or --password-file).
     Passwd(PasswdArgs),
     /// Change a user's settings: uid=N, admin=on|off, group=G (the primary group),
-    /// s3_bucket_create=on|off (may create buckets through S3).
+    /// s3_bucket_create=on|off (may create buckets through S3), chap_secret=SECRET (the
+    /// user's iSCSI CHAP secret, 12 to 255 characters; chap_secret=- reads it from standard
+    /// input, chap_secret= removes it).
     Set(UserSetArgs),
     /// List the users.
     List(ListArgs),
@@ -217,7 +219,12 @@ pub fn run_user(c: UserCmd) -> Result<()> {
             })?;
         }
         UserCmd::Set(x) => {
-            let settings = crate::out::pairs(&x.settings)?;
+            let mut settings = crate::out::pairs(&x.settings)?;
+            for (k, v) in settings.iter_mut() {
+                if k == "chap_secret" && v == "-" {
+                    *v = read_secret(None)?;
+                }
+            }
             let name = x.name.clone();
             call(Request::UserSet {
                 name: x.name,

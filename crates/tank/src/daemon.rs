@@ -20,7 +20,8 @@
 //! nothing.
 //!
 //! The NFS server (`tank_nfs`, `--nfs ADDR`) serves the nfs shares from the same service,
-//! and the S3 endpoint (`tank_s3`, `--s3 URL`) the s3 shares.
+//! and the S3 endpoint (`tank_s3`, `--s3 URL`) the s3 shares, the iSCSI target
+//! (`tank_iscsi`, `--iscsi ADDR`) the iscsi shares.
 //! The HTTPS API (`tank_api`) runs beside the socket on the same service, on `--api`
 //! (default 127.0.0.1:8443). SIGTERM or SIGINT stops the API, then unmounts every
 //! filesystem, syncs and exports every pool (they stay in the cache file, so the next start
@@ -95,6 +96,10 @@ pub struct ServeArgs {
     /// certificate) or http://ADDR:PORT
     #[arg(long, value_name = "URL")]
     pub s3: Option<String>,
+    /// Serve the iscsi shares (volumes) as an iSCSI target on ADDR:PORT (the standard port
+    /// is 3260)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub iscsi: Option<String>,
     /// Where buckets created through S3 go, as PARENT/BUCKET (default: <first pool>/s3)
     #[arg(long, value_name = "DATASET", requires = "s3")]
     pub s3_parent: Option<String>,
@@ -458,6 +463,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
             }
         }
     };
+    let iscsi = match &a.iscsi {
+        None => None,
+        Some(spec) => {
+            let addr: std::net::SocketAddr = spec.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid --iscsi '{spec}': give ADDR:PORT, e.g. 0.0.0.0:3260 or 127.0.0.1:3260"
+                )
+            })?;
+            let server = tank_iscsi::start(svc.clone(), addr).context("cannot serve iSCSI")?;
+            say!("iscsi: {}", server.local_addr());
+            Some(server)
+        }
+    };
     let listener = UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     // Anyone on the host may connect; each request is authorized for the uid the kernel
@@ -498,6 +516,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     if let Some(smb) = smb {
         smb.stop();
+    }
+    if let Some(iscsi) = iscsi {
+        iscsi.stop();
     }
     let _ = std::fs::remove_file(&sock);
     let names: Vec<String> = svc.open_pools().iter().map(|o| o.pool.name()).collect();
