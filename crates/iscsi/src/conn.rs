@@ -667,6 +667,19 @@ impl Session {
         }
         let lun_no = pdu::lun_number(p.lun_raw());
         let lu = lun_no.and_then(|n| self.lu(n));
+        if cdb[0] == 0xa0 {
+            // REPORT LUNS is the target's, whatever LUN it is sent to.
+            let luns: Vec<Arc<Lu>> = {
+                let t = self.target.read();
+                t.visible(&self.params.initiator_name, self.chap_user.as_deref())
+                    .into_values()
+                    .collect()
+            };
+            for l in luns {
+                l.luns_reported(&self.nexus);
+            }
+            return self.no_such_lun(&p, &cdb, read, edtl).await;
+        }
         let Some(lu) = lu else {
             return self.no_such_lun(&p, &cdb, read, edtl).await;
         };
@@ -732,8 +745,8 @@ impl Session {
         Ok(())
     }
 
-    /// A command for a LUN the initiator does not see: INQUIRY answers "no unit here",
-    /// REPORT LUNS and REQUEST SENSE work, anything else is LOGICAL UNIT NOT SUPPORTED.
+    /// REPORT LUNS, and a command for a LUN the initiator does not see: INQUIRY answers "no
+    /// unit here", REQUEST SENSE says why, anything else is LOGICAL UNIT NOT SUPPORTED.
     async fn no_such_lun(
         &mut self,
         p: &Pdu,
@@ -1151,7 +1164,7 @@ impl Session {
                         waits.extend(self.abort(i));
                     }
                     if function == 5 {
-                        lu.reset(&self.nexus);
+                        lu.reset();
                     }
                     0
                 }
@@ -1170,7 +1183,7 @@ impl Session {
                     .map(|l| l.lu.clone())
                     .collect();
                 for lu in luns {
-                    lu.reset(&self.nexus);
+                    lu.reset();
                 }
                 close = function == 7;
                 0

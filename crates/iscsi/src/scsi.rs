@@ -206,15 +206,23 @@ impl Lu {
             .push(asc);
     }
 
+    /// REPORT LUNS (answered by the target) clears REPORTED LUNS DATA HAS CHANGED.
+    pub fn luns_reported(&self, nexus: &str) {
+        if let Some(q) = self.state.lock().attentions.get_mut(nexus) {
+            q.retain(|a| *a != sense::REPORTED_LUNS_CHANGED);
+        }
+    }
+
     /// An I_T nexus ended.
     pub fn nexus_lost(&self, nexus: &str) {
         self.state.lock().reservations.nexus_lost(nexus);
     }
 
-    /// LUN RESET or a target reset: reservations of SPC-2 go, every nexus is told.
-    pub fn reset(&self, by: &str) {
+    /// LUN RESET or a target reset: reservations of SPC-2 go, and every nexus that used
+    /// the unit is told (the one that asked for the reset too, as SAM-5 says).
+    pub fn reset(&self) {
         self.state.lock().reservations.reset();
-        self.attention_all(sense::BUS_DEVICE_RESET, Some(by));
+        self.attention_all(sense::BUS_DEVICE_RESET, None);
     }
 
     fn descriptor_sense(&self) -> bool {
@@ -277,12 +285,6 @@ impl Lu {
                         let asc = q.remove(0);
                         return Err(check(sense::UNIT_ATTENTION, asc));
                     }
-                }
-            }
-            if op == 0xa0 {
-                // REPORT LUNS clears REPORTED LUNS DATA HAS CHANGED.
-                if let Some(q) = st.attentions.get_mut(nexus) {
-                    q.retain(|a| *a != sense::REPORTED_LUNS_CHANGED);
                 }
             }
             let access = Self::access_of(cdb);
