@@ -7,11 +7,13 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
+
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tank_bench::run::iscsi::{pdu_bytes, read16, read_pdu, start_tgt, write16, Initiator, TGT_IQN};
 
 struct Daemon {
     child: Child,
@@ -105,197 +107,6 @@ fn run(args: &[&str], secs: u64) -> (bool, String) {
     (ok, out + &err)
 }
 
-// ---- a raw initiator: just enough of RFC 7143 to send what a test needs ----
-
-struct Ini {
-    s: TcpStream,
-    cmd_sn: u32,
-    stat_sn: u32,
-    itt: u32,
-}
-
-struct Pdu {
-    bhs: [u8; 48],
-    data: Vec<u8>,
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().unwrap())
-}
-
-fn pdu_bytes(bhs: &[u8; 48], data: &[u8]) -> Vec<u8> {
-    let mut b = *bhs;
-    let n = data.len();
-    b[5] = (n >> 16) as u8;
-    b[6] = (n >> 8) as u8;
-    b[7] = n as u8;
-    let mut out = b.to_vec();
-    out.extend_from_slice(data);
-    out.resize(out.len() + (4 - n % 4) % 4, 0);
-    out
-}
-
-fn read_pdu(s: &mut TcpStream) -> std::io::Result<Pdu> {
-    let mut bhs = [0u8; 48];
-    s.read_exact(&mut bhs)?;
-    let ahs = usize::from(bhs[4]) * 4;
-    let n = (usize::from(bhs[5]) << 16) | (usize::from(bhs[6]) << 8) | usize::from(bhs[7]);
-    let mut rest = vec![0u8; ahs + n + (4 - n % 4) % 4];
-    s.read_exact(&mut rest)?;
-    Ok(Pdu {
-        bhs,
-        data: rest[ahs..ahs + n].to_vec(),
-    })
-}
-
-/// What a command came back with.
-#[derive(Debug)]
-struct Done {
-    status: u8,
-    /// Sense key, ASC, ASCQ (fixed format).
-    sense: Option<(u8, u8, u8)>,
-    data: Vec<u8>,
-}
-
-impl Ini {
-    /// Logs in to `target` as `initiator` (no authentication), straight to full feature
-    /// phase with immediate data and unsolicited data on.
-    fn login(addr: &str, target: &str, initiator: &str) -> std::io::Result<Ini> {
-        let mut s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        s.set_nodelay(true)?;
-        let mut bhs = [0u8; 48];
-        bhs[0] = 0x43;
-        bhs[1] = 0x80 | (1 << 2) | 3;
-        bhs[8..14].copy_from_slice(&[0x80, 0x12, 0x34, 0x56, 0x78, rand_byte()]);
-        bhs[24..28].copy_from_slice(&1u32.to_be_bytes());
-        let keys = format!(
-            "InitiatorName={initiator}\0TargetName={target}\0SessionType=Normal\0HeaderDigest=None\0DataDigest=None\0ImmediateData=Yes\0InitialR2T=No\0MaxRecvDataSegmentLength=262144\0FirstBurstLength=262144\0MaxBurstLength=1048576\0"
-        );
-        s.write_all(&pdu_bytes(&bhs, keys.as_bytes()))?;
-        let r = read_pdu(&mut s)?;
-        if r.bhs[0] & 0x3f != 0x23 || r.bhs[36] != 0 || r.bhs[1] & 0x83 != 0x83 {
-            return Err(std::io::Error::other(format!(
-                "login refused: status {:#04x}{:02x}",
-                r.bhs[36], r.bhs[37]
-            )));
-        }
-        Ok(Ini {
-            s,
-            cmd_sn: 1,
-            stat_sn: be32(&r.bhs[24..28]).wrapping_add(1),
-            itt: 1,
-        })
-    }
-
-    fn cmd_pdu(&mut self, lun: u8, cdb: &[u8], edtl: u32, read: bool, write: bool) -> [u8; 48] {
-        let mut b = [0u8; 48];
-        b[0] = 0x01;
-        b[1] = 0x80 | if read { 0x40 } else { 0 } | if write { 0x20 } else { 0 } | 1;
-        b[9] = lun;
-        self.itt += 1;
-        b[16..20].copy_from_slice(&self.itt.to_be_bytes());
-        b[20..24].copy_from_slice(&edtl.to_be_bytes());
-        b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
-        b[28..32].copy_from_slice(&self.stat_sn.to_be_bytes());
-        b[32..32 + cdb.len()].copy_from_slice(cdb);
-        self.cmd_sn = self.cmd_sn.wrapping_add(1);
-        b
-    }
-
-    /// Sends one SCSI command (data-out up to 256 KiB goes as immediate data, the rest as
-    /// the target asks by R2T) and reads until its status.
-    fn cmd(
-        &mut self,
-        lun: u8,
-        cdb: &[u8],
-        data_out: &[u8],
-        read_len: u32,
-    ) -> std::io::Result<Done> {
-        let write = !data_out.is_empty();
-        let edtl = if write {
-            data_out.len() as u32
-        } else {
-            read_len
-        };
-        let bhs = self.cmd_pdu(lun, cdb, edtl, read_len > 0, write);
-        let itt = self.itt;
-        let imm = data_out.len().min(262_144);
-        self.s.write_all(&pdu_bytes(&bhs, &data_out[..imm]))?;
-        let mut data = Vec::new();
-        loop {
-            let p = read_pdu(&mut self.s)?;
-            match p.bhs[0] & 0x3f {
-                0x31 => {
-                    // R2T: send what it asks, in 256 KiB Data-Outs.
-                    let ttt = be32(&p.bhs[20..24]);
-                    let off = be32(&p.bhs[40..44]) as usize;
-                    let len = be32(&p.bhs[44..48]) as usize;
-                    let mut at = off;
-                    let mut sn = 0u32;
-                    while at < off + len {
-                        let n = (off + len - at).min(262_144);
-                        let mut d = [0u8; 48];
-                        d[0] = 0x05;
-                        d[1] = if at + n == off + len { 0x80 } else { 0 };
-                        d[9] = lun;
-                        d[16..20].copy_from_slice(&itt.to_be_bytes());
-                        d[20..24].copy_from_slice(&ttt.to_be_bytes());
-                        d[28..32].copy_from_slice(&self.stat_sn.to_be_bytes());
-                        d[36..40].copy_from_slice(&sn.to_be_bytes());
-                        d[40..44].copy_from_slice(&(at as u32).to_be_bytes());
-                        self.s.write_all(&pdu_bytes(&d, &data_out[at..at + n]))?;
-                        at += n;
-                        sn += 1;
-                    }
-                }
-                0x25 => {
-                    data.extend_from_slice(&p.data);
-                    if p.bhs[1] & 0x01 != 0 {
-                        self.stat_sn = be32(&p.bhs[24..28]).wrapping_add(1);
-                        return Ok(Done {
-                            status: p.bhs[3],
-                            sense: None,
-                            data,
-                        });
-                    }
-                }
-                0x21 => {
-                    self.stat_sn = be32(&p.bhs[24..28]).wrapping_add(1);
-                    let sense =
-                        (p.data.len() >= 16).then(|| (p.data[4] & 0xf, p.data[14], p.data[15]));
-                    return Ok(Done {
-                        status: p.bhs[3],
-                        sense,
-                        data,
-                    });
-                }
-                0x20 => {
-                    // A ping: answer it.
-                    let mut n = [0u8; 48];
-                    n[0] = 0x40;
-                    n[1] = 0x80;
-                    n[16..20].copy_from_slice(&u32::MAX.to_be_bytes());
-                    n[20..24].copy_from_slice(&p.bhs[20..24]);
-                    n[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
-                    self.s.write_all(&pdu_bytes(&n, &[]))?;
-                }
-                op => {
-                    return Err(std::io::Error::other(format!("unexpected PDU {op:#04x}")));
-                }
-            }
-        }
-    }
-}
-
-fn rand_byte() -> u8 {
-    (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        % 251) as u8
-}
-
 /// A small xorshift generator: the same sequence for the same seed.
 struct Rng(u64);
 
@@ -310,23 +121,6 @@ impl Rng {
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
     }
-}
-
-fn write16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x8a;
-    c[1] = if fua { 0x08 } else { 0 };
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x88;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
 }
 
 const SYNC_CACHE10: [u8; 10] = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -380,125 +174,6 @@ fn suite(url: &str, multipath: Option<&str>, tests: &str) -> (Suite, String) {
     )
 }
 
-/// Debian's tgt serving a file of `size` bytes as LUN 1 on `port`: the reference target.
-struct Tgt {
-    child: Child,
-    control: u32,
-}
-
-impl Drop for Tgt {
-    fn drop(&mut self) {
-        let _ = Command::new("tgtadm")
-            .args([
-                "-C",
-                &self.control.to_string(),
-                "--op",
-                "delete",
-                "--mode",
-                "system",
-            ])
-            .output();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_tgt(dir: &Path, port: u16, size: u64) -> Result<Tgt, String> {
-    if !have("tgtd") || !have("tgtadm") {
-        return Err("Debian's tgt is not installed".into());
-    }
-    if !nix_is_root() {
-        return Err("tgtd needs root".into());
-    }
-    let img = dir.join("tgt.img");
-    std::fs::File::create(&img)
-        .and_then(|f| f.set_len(size))
-        .map_err(|e| e.to_string())?;
-    let control = 100 + u32::from(port % 500);
-    let child = Command::new("tgtd")
-        .args([
-            "-f",
-            "-C",
-            &control.to_string(),
-            "--iscsi",
-            &format!("portal=127.0.0.1:{port}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let t = Tgt { child, control };
-    let adm = |args: &[&str]| -> Result<(), String> {
-        let mut a = vec![
-            "-C".to_string(),
-            control.to_string(),
-            "--lld".into(),
-            "iscsi".into(),
-        ];
-        a.extend(args.iter().map(|s| s.to_string()));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let o = Command::new("tgtadm")
-                .args(&a)
-                .output()
-                .map_err(|e| e.to_string())?;
-            if o.status.success() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "tgtadm {args:?}: {}",
-                    String::from_utf8_lossy(&o.stderr)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    adm(&[
-        "--op",
-        "new",
-        "--mode",
-        "target",
-        "--tid",
-        "1",
-        "-T",
-        "iqn.2026-11.org.test:tgt",
-    ])?;
-    adm(&[
-        "--op",
-        "new",
-        "--mode",
-        "logicalunit",
-        "--tid",
-        "1",
-        "--lun",
-        "1",
-        "-b",
-        img.to_str().unwrap(),
-    ])?;
-    adm(&[
-        "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
-    ])?;
-    Ok(t)
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().nth(1).map(|x| x == "0"))
-        .unwrap_or(false)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn libiscsi_conformance_suite_against_tgt() {
     if !have("iscsi-test-cu") {
@@ -520,11 +195,13 @@ fn libiscsi_conformance_suite_against_tgt() {
     assert_eq!(ours.ran, 230, "{out}");
     assert_eq!(ours.failed, 0, "{out}");
     assert_eq!(ours.passed, 230);
-    match start_tgt(dir.path(), free_port(), 256 << 20) {
-        Err(why) => common::skip("libiscsi_conformance_suite_against_tgt (tgt's run)", &why),
+    match start_tgt(&dir.path().join("tgt.img"), 256 << 20) {
+        Err(why) => common::skip(
+            "libiscsi_conformance_suite_against_tgt (tgt's run)",
+            &why.to_string(),
+        ),
         Ok(tgt) => {
-            let port = tgt_port(&tgt);
-            let turl = format!("iscsi://127.0.0.1:{port}/iqn.2026-11.org.test:tgt/1");
+            let turl = format!("iscsi://127.0.0.1:{}/{TGT_IQN}/1", tgt.port);
             let (theirs, tout) = suite(&turl, Some(&turl), "ALL");
             eprintln!("tgt: {theirs:?}");
             assert!(theirs.ran == 230, "tgt's run: {tout}");
@@ -537,27 +214,6 @@ fn libiscsi_conformance_suite_against_tgt() {
             );
         }
     }
-}
-
-fn tgt_port(t: &Tgt) -> u16 {
-    // The portal was given on the command line; read it back from tgtadm.
-    let o = Command::new("tgtadm")
-        .args([
-            "-C",
-            &t.control.to_string(),
-            "--op",
-            "show",
-            "--mode",
-            "portal",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout)
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("127.0.0.1:"))
-        .and_then(|p| p.split(',').next())
-        .and_then(|p| p.parse().ok())
-        .expect("tgt's portal")
 }
 
 #[test]
@@ -722,7 +378,7 @@ fn luns_change_live_unmap_frees_space_and_readonly_is_enforced() {
     let d = serve(&data);
     let iqn = "iqn.2026-11.org.tank:live";
     volume(&data, "tank/live0", "64M", iqn, &[]);
-    let mut ini = Ini::login(&d.addr, iqn, "iqn.2026-11.org.test:raw").unwrap();
+    let mut ini = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:raw").unwrap();
     assert_eq!(ini.cmd(0, &TUR, &[], 0).unwrap().status, 0);
 
     // A LUN added while logged in: REPORTED LUNS DATA HAS CHANGED, then both are listed.
@@ -905,12 +561,12 @@ fn malformed_pdus_and_random_commands_get_clean_answers() {
     }
 
     // Logged in: an unknown opcode is rejected and the session goes on.
-    let mut ini = Ini::login(&a, iqn, "iqn.2026-11.org.test:bad").unwrap();
+    let mut ini = Initiator::login(&a, iqn, "iqn.2026-11.org.test:bad").unwrap();
     let mut odd = [0u8; 48];
     odd[0] = 0x1c;
     odd[1] = 0x80;
-    ini.s.write_all(&pdu_bytes(&odd, &[])).unwrap();
-    let r = read_pdu(&mut ini.s).unwrap();
+    ini.stream.write_all(&pdu_bytes(&odd, &[])).unwrap();
+    let r = read_pdu(&mut ini.stream).unwrap();
     assert_eq!((r.bhs[0] & 0x3f, r.bhs[2]), (0x3f, 0x05));
     assert_eq!(ini.cmd(0, &TUR, &[], 0).unwrap().status, 0);
 
@@ -918,15 +574,15 @@ fn malformed_pdus_and_random_commands_get_clean_answers() {
     let saved = ini.cmd_sn;
     ini.cmd_sn = saved.wrapping_add(100_000);
     let b = ini.cmd_pdu(0, &TUR, 0, false, false);
-    ini.s.write_all(&pdu_bytes(&b, &[])).unwrap();
-    ini.s
+    ini.stream.write_all(&pdu_bytes(&b, &[])).unwrap();
+    ini.stream
         .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     assert!(
-        read_pdu(&mut ini.s).is_err(),
+        read_pdu(&mut ini.stream).is_err(),
         "no answer outside the window"
     );
-    ini.s
+    ini.stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     ini.cmd_sn = saved;
@@ -999,15 +655,17 @@ fn malformed_pdus_and_random_commands_get_clean_answers() {
     );
 
     // An initiator that vanishes mid-transfer: a 4 MiB write whose R2T is never answered.
-    let mut gone = Ini::login(&a, iqn, "iqn.2026-11.org.test:gone").unwrap();
+    let mut gone = Initiator::login(&a, iqn, "iqn.2026-11.org.test:gone").unwrap();
     let b = gone.cmd_pdu(0, &write16(0, 8192, false), 4 << 20, false, true);
-    gone.s.write_all(&pdu_bytes(&b, &[1u8; 65536])).unwrap();
-    let r = read_pdu(&mut gone.s).unwrap();
+    gone.stream
+        .write_all(&pdu_bytes(&b, &[1u8; 65536]))
+        .unwrap();
+    let r = read_pdu(&mut gone.stream).unwrap();
     assert_eq!(r.bhs[0] & 0x3f, 0x31, "an R2T for the rest");
     drop(gone);
     // And random PDUs after a login: each answered, rejected or the connection closed.
     for round in 0..200 {
-        let mut x = Ini::login(&a, iqn, "iqn.2026-11.org.test:fuzz").unwrap();
+        let mut x = Initiator::login(&a, iqn, "iqn.2026-11.org.test:fuzz").unwrap();
         let mut bhs = [0u8; 48];
         bhs.copy_from_slice(&rng.bytes(48));
         bhs[4] = (rng.next() % 3) as u8;
@@ -1020,13 +678,14 @@ fn malformed_pdus_and_random_commands_get_clean_answers() {
         }
         let mut wire = bhs.to_vec();
         wire.extend_from_slice(&rng.bytes(usize::from(bhs[4]) * 4 + n + (4 - n % 4) % 4));
-        let _ = x.s.write_all(&wire);
-        x.s.set_read_timeout(Some(Duration::from_millis(300)))
+        let _ = x.stream.write_all(&wire);
+        x.stream
+            .set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
-        let _ = read_pdu(&mut x.s);
+        let _ = read_pdu(&mut x.stream);
     }
     // The target still serves, and the known data is intact.
-    let mut ini = Ini::login(&a, iqn, "iqn.2026-11.org.test:after").unwrap();
+    let mut ini = Initiator::login(&a, iqn, "iqn.2026-11.org.test:after").unwrap();
     let r = ini.cmd(0, &read16(60000, 128), &[], 65536).unwrap();
     assert_eq!(r.data, known);
 }
@@ -1039,7 +698,7 @@ fn acknowledged_writes_survive_a_kill_and_snapshots_stay_untouched() {
     let iqn = "iqn.2026-11.org.tank:crash";
     volume(&data, "tank/crash", "128M", iqn, &[]);
     // A pattern, snapshotted.
-    let mut ini = Ini::login(&d.addr, iqn, "iqn.2026-11.org.test:crash").unwrap();
+    let mut ini = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:crash").unwrap();
     let base = Rng(5).bytes(1 << 20);
     for i in 0..8u64 {
         assert_eq!(
@@ -1057,7 +716,7 @@ fn acknowledged_writes_survive_a_kill_and_snapshots_stay_untouched() {
     let (tx, rx) = mpsc::channel::<(u64, Vec<u8>)>();
     let addr = d.addr.clone();
     let writer = std::thread::spawn(move || {
-        let mut ini = Ini::login(&addr, iqn, "iqn.2026-11.org.test:writer").unwrap();
+        let mut ini = Initiator::login(&addr, iqn, "iqn.2026-11.org.test:writer").unwrap();
         let mut rng = Rng(99);
         let mut unsynced = Vec::new();
         for k in 0..1500u64 {
@@ -1094,7 +753,7 @@ fn acknowledged_writes_survive_a_kill_and_snapshots_stay_untouched() {
         durable.len()
     );
     let d = serve(&data);
-    let mut ini = Ini::login(&d.addr, iqn, "iqn.2026-11.org.test:check").unwrap();
+    let mut ini = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:check").unwrap();
     for (k, chunk) in &durable {
         let r = ini.cmd(0, &read16(k * 128, 128), &[], 65536).unwrap();
         assert_eq!(r.status, 0);
@@ -1117,7 +776,7 @@ fn acknowledged_writes_survive_a_kill_and_snapshots_stay_untouched() {
             "lun=1",
         ],
     );
-    let mut ini = Ini::login(&d.addr, iqn, "iqn.2026-11.org.test:check2").unwrap();
+    let mut ini = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:check2").unwrap();
     for i in 0..8u64 {
         let r = ini.cmd(1, &read16(i * 2048, 2048), &[], 1 << 20).unwrap();
         if r.status == 2 {
@@ -1132,4 +791,94 @@ fn acknowledged_writes_survive_a_kill_and_snapshots_stay_untouched() {
         "{} writes answered as durable, all there after kill -9",
         durable.len()
     );
+}
+
+/// Why the Linux kernel initiator cannot run here, if it cannot.
+fn kernel_initiator_missing() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let module = Path::new("/sys/module/iscsi_tcp").exists()
+        || Command::new("sh")
+            .args([
+                "-c",
+                &format!(
+                    "find /lib/modules/{} -name 'iscsi_tcp.ko*' 2>/dev/null | grep -q .",
+                    release.trim()
+                ),
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !module {
+        return Some(
+            "the kernel has no iscsi_tcp module (a container or a kernel built without it)".into(),
+        );
+    }
+    if !have("iscsiadm") {
+        return Some("open-iscsi (iscsiadm) is not installed".into());
+    }
+    if std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1).map(|x| x != "0"))
+        .unwrap_or(true)
+    {
+        return Some("the kernel initiator needs root".into());
+    }
+    None
+}
+
+#[test]
+fn linux_kernel_initiator() {
+    if let Some(why) = kernel_initiator_missing() {
+        common::skip("linux_kernel_initiator", &why);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = serve(&data);
+    let iqn = "iqn.2026-11.org.tank:kernel";
+    volume(&data, "tank/kernel", "64M", iqn, &[]);
+    let portal = d.addr.clone();
+    let adm = |args: &[&str]| {
+        let o = Command::new("iscsiadm").args(args).output().unwrap();
+        assert!(o.status.success(), "iscsiadm {args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let _ = Command::new("modprobe").arg("iscsi_tcp").status();
+    let out = adm(&["-m", "discovery", "-t", "sendtargets", "-p", &portal]);
+    assert!(out.contains(iqn), "{out}");
+    adm(&["-m", "node", "-T", iqn, "-p", &portal, "--login"]);
+    let (host, port) = portal.rsplit_once(':').unwrap();
+    let link = format!("/dev/disk/by-path/ip-{host}:{port}-iscsi-{iqn}-lun-0");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !Path::new(&link).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = std::panic::catch_unwind(|| {
+        let data = Rng(3).bytes(4 << 20);
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&link)
+            .unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let _ = Command::new("blockdev")
+            .args(["--flushbufs", &link])
+            .status();
+        let mut back = vec![0u8; 4 << 20];
+        std::fs::File::open(&link)
+            .unwrap()
+            .read_exact(&mut back)
+            .unwrap();
+        assert!(back == data, "the kernel read back what it wrote");
+    });
+    adm(&["-m", "node", "-T", iqn, "-p", &portal, "--logout"]);
+    let _ = Command::new("iscsiadm")
+        .args(["-m", "node", "-T", iqn, "-p", &portal, "-o", "delete"])
+        .output();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
 }

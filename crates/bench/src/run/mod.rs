@@ -1,5 +1,5 @@
 //! The benchmark commands' runners (`tank bench`, `bench-engine`, `bench-scrub`,
-//! `bench-cache`, `bench-sync`, `bench-nfs`, `bench-s3`, `bench-smb`, `plan`): their arguments, their pools of scratch devices,
+//! `bench-cache`, `bench-sync`, `bench-nfs`, `bench-s3`, `bench-smb`, `bench-iscsi`, `plan`): their arguments, their pools of scratch devices,
 //! their measurements and their reports. The binary only parses the command line and calls
 //! `run`.
 //!
@@ -16,6 +16,7 @@ pub mod cache;
 pub mod emulated;
 pub mod engine;
 pub mod fs;
+pub mod iscsi;
 pub mod mounts;
 pub mod nfs;
 pub mod plan;
