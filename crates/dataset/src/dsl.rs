@@ -905,12 +905,12 @@ impl Dsl {
     /// The pool's free space less its slop (1/32, kept for metadata), in usable bytes
     /// (parity deflated, as dataset sizes are).
     fn usable_free(&self) -> u64 {
-        let space = self.store.pool().space();
-        if space.size == 0 {
+        let (size, free, usable) = self.store.pool().free_space();
+        if size == 0 {
             return 0;
         }
-        let free = space.free.saturating_sub(space.size / 32);
-        ((u128::from(free) * u128::from(space.usable)) / u128::from(space.size)) as u64
+        let free = free.saturating_sub(size / 32);
+        ((u128::from(free) * u128::from(usable)) / u128::from(size)) as u64
     }
 
     /// Bytes available to a head dataset: the pool's free usable space less others'

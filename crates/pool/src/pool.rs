@@ -2439,6 +2439,23 @@ impl Pool {
         Ok(())
     }
 
+    /// Size, free bytes and usable (parity-deflated) size, without the costlier figures of
+    /// [`Pool::space`] (deferred frees, fragmentation): what a check before each write
+    /// needs.
+    pub fn free_space(&self) -> (u64, u64, u64) {
+        let (size, free) = {
+            let a = self.blocks.alloc.lock();
+            (a.size(), a.free_bytes())
+        };
+        let usable = self
+            .tops()
+            .iter()
+            .filter(|(c, _)| *c == VdevClass::Normal)
+            .map(|(_, t)| t.capacity())
+            .sum();
+        (size, free, usable)
+    }
+
     pub fn space(&self) -> PoolSpace {
         let a = self.blocks.alloc.lock();
         let size = a.size();

@@ -729,7 +729,8 @@ fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
 const ELEVATOR_WINDOW: usize = 128;
 
 /// Executes a leaf's write queue: one request at a time, a flush never overtaken by a later
-/// write nor run before an earlier one finished. Between two flushes the writes waiting in
+/// write nor run before an earlier one finished; writes adjacent on the device are joined
+/// into one of up to `AGGREGATE_MAX` bytes. Between two flushes the writes waiting in
 /// the queue are served in offset order from where the last one ended (C-LOOK, as a disk's
 /// own queue or ZFS's vdev queue would), unless two of them overlap, when they keep their
 /// order: nothing may rely on the order of unflushed writes, which real disks reorder too,
@@ -779,42 +780,88 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                 _ => unreachable!("a segment holds writes only"),
             })
             .collect();
-        for i in elevator_order(&ranges, head) {
-            let Some(Request::Write {
-                offset,
-                data,
-                batch,
-            }) = segment[i].take()
-            else {
-                unreachable!("each write is served once")
-            };
-            let started = std::time::Instant::now();
-            let r = dev.write_at(&data, offset);
-            leaf.stats.write_latency.record(started.elapsed());
-            head = offset + data.len() as u64;
-            leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
-            match &r {
-                Ok(()) => {
-                    leaf.stats
-                        .write_bytes
-                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+        // In elevator order, runs of writes that follow each other on the device go down
+        // as one write of up to AGGREGATE_MAX bytes (ZFS's vdev queue aggregation): a
+        // txg's small blocks become a few large writes per disk.
+        let order = elevator_order(&ranges, head);
+        let mut k = 0;
+        while k < order.len() {
+            let mut end = k + 1;
+            let mut total = ranges[order[k]].1;
+            while end < order.len() {
+                let (prev_off, prev_len) = ranges[order[end - 1]];
+                let (off, len) = ranges[order[end]];
+                if off != prev_off + prev_len || total + len > AGGREGATE_MAX {
+                    break;
                 }
-                Err(e) => {
-                    leaf.stats.write_errors.fetch_add(1, Ordering::Relaxed);
-                    leaf.post(
-                        "ereport.fs.zfs.io",
-                        format!(
-                            "op=write offset={offset:#x} size={:#x} error=\"{e}\"",
-                            data.len()
-                        ),
-                    );
-                    leaf.fault(format!("write failed: {e}"));
-                }
+                total += len;
+                end += 1;
             }
-            batch.finish(&leaf, r);
+            let run: Vec<(u64, Arc<Vec<u8>>, Arc<IoBatch>)> = order[k..end]
+                .iter()
+                .map(|&i| match segment[i].take() {
+                    Some(Request::Write {
+                        offset,
+                        data,
+                        batch,
+                    }) => (offset, data, batch),
+                    _ => unreachable!("each write is served once"),
+                })
+                .collect();
+            k = end;
+            let offset = run[0].0;
+            if run.len() > 1 {
+                let mut joined = Vec::with_capacity(total as usize);
+                for (_, d, _) in &run {
+                    joined.extend_from_slice(d);
+                }
+                let started = std::time::Instant::now();
+                if dev.write_at(&joined, offset).is_ok() {
+                    leaf.stats.write_latency.record(started.elapsed());
+                    leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
+                    leaf.stats.write_bytes.fetch_add(total, Ordering::Relaxed);
+                    head = offset + total;
+                    for (_, _, batch) in run {
+                        batch.finish(&leaf, Ok(()));
+                    }
+                    continue;
+                }
+                // The joined write failed: each piece again on its own, so that each
+                // request gets its own result and error report.
+            }
+            for (offset, data, batch) in run {
+                let started = std::time::Instant::now();
+                let r = dev.write_at(&data, offset);
+                leaf.stats.write_latency.record(started.elapsed());
+                head = offset + data.len() as u64;
+                leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
+                match &r {
+                    Ok(()) => {
+                        leaf.stats
+                            .write_bytes
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        leaf.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                        leaf.post(
+                            "ereport.fs.zfs.io",
+                            format!(
+                                "op=write offset={offset:#x} size={:#x} error=\"{e}\"",
+                                data.len()
+                            ),
+                        );
+                        leaf.fault(format!("write failed: {e}"));
+                    }
+                }
+                batch.finish(&leaf, r);
+            }
         }
     }
 }
+
+/// Largest write the writer makes of adjacent queued writes (ZFS's
+/// zfs_vdev_aggregation_limit).
+const AGGREGATE_MAX: u64 = 1 << 20;
 
 /// The order in which to serve writes of `(offset, len)` with the head at `head`: ascending
 /// offsets starting from the first at or after `head`, then wrapping to the lowest (C-LOOK);

@@ -575,6 +575,9 @@ pub struct IscsiBenchArgs {
     /// Leave the peer (tgt) out.
     #[arg(long)]
     no_peer: bool,
+    /// Measure a running target instead, as ADDR:PORT/IQN/LUN (its LUN is written over).
+    #[arg(long, value_name = "ADDR:PORT/IQN/LUN")]
+    target: Option<String>,
 }
 
 /// The measurements, in order: name, block bytes, queue depth, write, random.
@@ -697,6 +700,18 @@ pub fn run(a: IscsiBenchArgs) -> Result<()> {
     let size = parse_size(&a.size)?;
     if size < (64 << 20) || a.runs == 0 || a.seconds == 0 {
         bail!("--size must be at least 64M, --runs and --seconds above 0");
+    }
+    if let Some(t) = &a.target {
+        let mut parts = t.splitn(3, '/');
+        let (Some(addr), Some(iqn), Some(lun)) = (parts.next(), parts.next(), parts.next()) else {
+            bail!("invalid --target '{t}': ADDR:PORT/IQN/LUN");
+        };
+        let lun: u8 = lun.parse().context("the LUN is a number")?;
+        let runs: Vec<Figures> = (0..a.runs)
+            .map(|_| measure(addr, iqn, lun, size, a.seconds))
+            .collect::<Result<_>>()?;
+        report(&a, size, &runs, &[]);
+        return Ok(());
     }
     std::fs::create_dir_all(&a.dir)?;
     let mut tank_runs = Vec::new();
