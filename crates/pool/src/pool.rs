@@ -2457,15 +2457,8 @@ impl Pool {
     }
 
     pub fn space(&self) -> PoolSpace {
+        let (size, free, usable) = self.free_space();
         let a = self.blocks.alloc.lock();
-        let size = a.size();
-        let free = a.free_bytes();
-        let usable = self
-            .tops()
-            .iter()
-            .filter(|(c, _)| *c == VdevClass::Normal)
-            .map(|(_, t)| t.capacity())
-            .sum();
         PoolSpace {
             size,
             allocated: size - free,

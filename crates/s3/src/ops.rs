@@ -1956,7 +1956,7 @@ mod fuzz {
 
     #[test]
     fn our_parsing_takes_any_input() {
-        let mut r = rand::rngs::StdRng::seed_from_u64(0x5eed_53);
+        let mut r = rand::rngs::StdRng::seed_from_u64(0x005e_ed53);
         let policy = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":"*","Action":["s3:GetObject"],"Resource":["arn:aws:s3:::b/*"]}]}"#;
         for _ in 0..100_000 {
             let s = random_text(&mut r);
@@ -2000,7 +2000,12 @@ mod fuzz {
                 headers: vec![mutate(&mut r, &s)],
                 ..Default::default()
             };
-            let _ = crate::cors::find(&[rule], &random_text(&mut r), "GET", &[s.clone()]);
+            let _ = crate::cors::find(
+                &[rule],
+                &random_text(&mut r),
+                "GET",
+                std::slice::from_ref(&s),
+            );
         }
     }
 }

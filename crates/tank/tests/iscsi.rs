@@ -6,14 +6,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tank_bench::run::iscsi::{pdu_bytes, read16, read_pdu, start_tgt, write16, Initiator, TGT_IQN};
+use tank_bench::run::iscsi::{
+    have, is_root, pdu_bytes, read16, read_pdu, start_tgt, write16, Initiator, TGT_IQN,
+};
 
 struct Daemon {
     child: Child,
@@ -35,49 +37,16 @@ impl Daemon {
 
 /// Starts `tank serve --iscsi` on a free port of 127.0.0.1; returns once it listens.
 fn serve(data: &Path) -> Daemon {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["serve", "--no-api", "--iscsi", "127.0.0.1:0"])
-        .env("TANK_DATA_DIR", data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut addr = None;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("the daemon did not start");
-        if let Some(a) = line.strip_prefix("iscsi: ") {
-            addr = Some(a.to_string());
-        }
-        if line.starts_with("listening on ") {
-            break;
-        }
-    }
-    Daemon {
-        child,
-        addr: addr.expect("the daemon printed its iSCSI address"),
-    }
+    let (child, addr, _) = common::serve_until_listening(
+        data,
+        &["serve", "--no-api", "--iscsi", "127.0.0.1:0"],
+        "iscsi: ",
+    );
+    Daemon { child, addr }
 }
 
 fn tank(data: &Path, args: &[&str]) -> String {
     common::tank(data, args, None)
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// Runs a libiscsi tool with a time limit; its exit status and output.
@@ -815,13 +784,7 @@ fn kernel_initiator_missing() -> Option<String> {
     if !have("iscsiadm") {
         return Some("open-iscsi (iscsiadm) is not installed".into());
     }
-    if std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().nth(1).map(|x| x != "0"))
-        .unwrap_or(true)
-    {
+    if !is_root() {
         return Some("the kernel initiator needs root".into());
     }
     None

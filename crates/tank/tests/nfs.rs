@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -43,40 +42,9 @@ fn serve(data: &Path) -> Daemon {
 /// Starts `tank serve` with NFS on `addr`; returns when it listens, with the lines it
 /// printed.
 fn serve_at(data: &Path, addr: &str) -> (Daemon, Vec<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["serve", "--no-api", "--nfs", addr])
-        .env("TANK_DATA_DIR", data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut nfs = None;
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("the daemon did not start");
-        if let Some(a) = line.strip_prefix("nfs: ") {
-            nfs = Some(a.to_string());
-        }
-        if line.starts_with("listening on ") {
-            break;
-        }
-        lines.push(line);
-    }
-    let d = Daemon {
-        child,
-        nfs: nfs.expect("the daemon printed its NFS address"),
-    };
-    (d, lines)
+    let (child, nfs, lines) =
+        common::serve_until_listening(data, &["serve", "--no-api", "--nfs", addr], "nfs: ");
+    (Daemon { child, nfs }, lines)
 }
 
 fn tank(data: &Path, args: &[&str]) -> String {

@@ -35,38 +35,10 @@ fn serve(data: &Path, spec: &str) -> Daemon {
 
 /// `serve`, with more arguments.
 fn serve_with(data: &Path, spec: &str, extra: &[&str]) -> Daemon {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["serve", "--no-api", "--s3", spec])
-        .args(extra)
-        .env("TANK_DATA_DIR", data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut url = None;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("the daemon did not start");
-        if let Some(a) = line.strip_prefix("s3: ") {
-            url = Some(a.to_string());
-        }
-        if line.starts_with("listening on ") {
-            break;
-        }
-    }
-    Daemon {
-        child,
-        url: url.expect("the daemon printed its S3 URL"),
-    }
+    let mut args = vec!["serve", "--no-api", "--s3", spec];
+    args.extend_from_slice(extra);
+    let (child, url, _) = common::serve_until_listening(data, &args, "s3: ");
+    Daemon { child, url }
 }
 
 use common::tank;

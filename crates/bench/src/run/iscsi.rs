@@ -467,7 +467,8 @@ impl Drop for Tgt {
     }
 }
 
-fn have(tool: &str) -> bool {
+/// Whether `tool` is on the PATH.
+pub fn have(tool: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .stdout(Stdio::null())
@@ -475,7 +476,8 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()

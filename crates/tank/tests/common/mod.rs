@@ -84,3 +84,47 @@ pub fn tank(data: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Strin
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Starts `tank ARGS` (a `serve`) on the data directory `data` and waits until it listens:
+/// the process, the rest of its line that starts with `key` (such as `"nfs: "`, its
+/// address), and the lines it printed before listening. Its standard error is dropped.
+pub fn serve_until_listening(
+    data: &std::path::Path,
+    args: &[&str],
+    key: &str,
+) -> (std::process::Child, String, Vec<String>) {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut value = None;
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the daemon did not start");
+        if let Some(a) = line.strip_prefix(key) {
+            value = Some(a.to_string());
+        }
+        if line.starts_with("listening on ") {
+            break;
+        }
+        lines.push(line);
+    }
+    let value = value.unwrap_or_else(|| panic!("the daemon printed no '{key}' line"));
+    (child, value, lines)
+}
