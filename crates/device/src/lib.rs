@@ -86,6 +86,12 @@ pub trait BlockDevice: Send + Sync + fmt::Debug {
     fn queue_depth(&self) -> usize {
         4
     }
+    /// Whether the vdev layer may join writes adjacent on the device into one (up to 1 MiB).
+    /// The crash simulator says no, so that a crash can fall between any two of the
+    /// writes the layers above issued, as on a disk that persists them one by one.
+    fn joins_writes(&self) -> bool {
+        true
+    }
     /// Display name (the path for file devices).
     fn name(&self) -> &str;
 }

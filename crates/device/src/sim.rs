@@ -517,6 +517,11 @@ impl BlockDevice for SimDevice {
         Ok(())
     }
 
+    fn joins_writes(&self) -> bool {
+        // Each write the layers above issued is a crash point of its own.
+        false
+    }
+
     fn name(&self) -> &str {
         &self.inner.name
     }

@@ -784,6 +784,7 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
         // as one write of up to AGGREGATE_MAX bytes (ZFS's vdev queue aggregation): a
         // txg's small blocks become a few large writes per disk.
         let order = elevator_order(&ranges, head);
+        let join = dev.joins_writes();
         let mut k = 0;
         while k < order.len() {
             let mut end = k + 1;
@@ -791,7 +792,7 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
             while end < order.len() {
                 let (prev_off, prev_len) = ranges[order[end - 1]];
                 let (off, len) = ranges[order[end]];
-                if off != prev_off + prev_len || total + len > AGGREGATE_MAX {
+                if !join || off != prev_off + prev_len || total + len > AGGREGATE_MAX {
                     break;
                 }
                 total += len;
