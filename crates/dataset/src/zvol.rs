@@ -28,6 +28,8 @@ use crate::props;
 /// The object that holds a volume's bytes.
 pub const VOLUME_OBJECT: u64 = 1;
 const VOLUME_OBJECT_TYPE: u8 = 64;
+/// Blocks `block_status` looks at in one call.
+const STATUS_LOOKAHEAD: u64 = 4096;
 /// Largest write under one transaction (keeps the dirty-data throttle effective).
 const WRITE_CHUNK: usize = 4 << 20;
 
@@ -266,7 +268,9 @@ impl Volume {
             return Ok((false, 0));
         }
         let first = offset / bs;
-        let count = (end - 1) / bs - first + 1;
+        // At most STATUS_LOOKAHEAD blocks per call: a run longer than that is reported in
+        // pieces rather than read whole from the tree.
+        let count = ((end - 1) / bs - first + 1).min(STATUS_LOOKAHEAD);
         let mapped = match self.objset.stat(VOLUME_OBJECT) {
             Ok(_) => self.objset.mapped_blocks(VOLUME_OBJECT, first, count)?,
             Err(_) => Vec::new(),
@@ -283,6 +287,7 @@ impl Volume {
             mapped.first().map_or(count, |b| b - first)
         };
         let run_end = ((first + run) * bs).min(end);
+        debug_assert!(run_end > offset);
         Ok((is_mapped, run_end - offset))
     }
     fn sync_mode(&self) -> SyncMode {

@@ -505,10 +505,9 @@ impl Session {
     }
 
     fn lu(&self, lun: u16) -> Option<Arc<Lu>> {
-        let t = self.target.read();
-        t.visible(&self.params.initiator_name, self.chap_user.as_deref())
-            .get(&lun)
-            .cloned()
+        self.target
+            .read()
+            .lun_for(lun, &self.params.initiator_name, self.chap_user.as_deref())
     }
 
     /// Takes one PDU from the initiator; an error ends the connection.
@@ -617,18 +616,16 @@ impl Session {
         }
     }
 
-    async fn check_now(&mut self, p: &Pdu, lun: Option<Arc<Lu>>, s: Sense, status: u8) {
-        let d_sense = false;
-        let _ = lun;
+    /// Ends a command at once, before it is a task, with CHECK CONDITION and `s` (fixed
+    /// format sense: no unit's mode page applies).
+    async fn check_now(&mut self, p: &Pdu, s: Sense) {
         let mut r = Pdu::new(pdu::OP_SCSI_RESP);
         r.set_itt(p.itt());
-        r.bhs[3] = status;
-        if status == sense::CHECK_CONDITION {
-            let sb = s.encode(d_sense);
-            let mut data = (sb.len() as u16).to_be_bytes().to_vec();
-            data.extend_from_slice(&sb);
-            r.data = data;
-        }
+        r.bhs[3] = sense::CHECK_CONDITION;
+        let sb = s.encode(false);
+        let mut data = (sb.len() as u16).to_be_bytes().to_vec();
+        data.extend_from_slice(&sb);
+        r.data = data;
         let edtl = p.u32_at(20);
         if edtl > 0 {
             r.bhs[1] |= 0x02;
@@ -691,13 +688,7 @@ impl Session {
             return Err("immediate data past the expected length or FirstBurstLength".into());
         }
         if write && edtl > MAX_WRITE_BYTES {
-            self.check_now(
-                &p,
-                Some(lu),
-                Sense::cdb_field(0, None),
-                sense::CHECK_CONDITION,
-            )
-            .await;
+            self.check_now(&p, Sense::cdb_field(0, None)).await;
             return Ok(());
         }
         let immediate_len = p.data.len() as u32;
@@ -755,7 +746,13 @@ impl Session {
         edtl: u32,
     ) -> Result<(), String> {
         let data: Vec<u8> = match cdb[0] {
-            0xa0 => self.report_luns(cdb).map_err(|_| ()).unwrap_or_default(),
+            0xa0 => match self.report_luns(cdb) {
+                Ok(d) => d,
+                Err(s) => {
+                    self.check_now(p, s).await;
+                    return Ok(());
+                }
+            },
             0x12 => {
                 let mut d = vec![0u8; 36];
                 d[0] = 0x7f;
@@ -775,20 +772,12 @@ impl Session {
             _ => {
                 self.check_now(
                     p,
-                    None,
                     Sense::new(sense::ILLEGAL_REQUEST, sense::LU_NOT_SUPPORTED),
-                    sense::CHECK_CONDITION,
                 )
                 .await;
                 return Ok(());
             }
         };
-        if cdb[0] == 0xa0 {
-            if let Err(s) = self.report_luns(cdb) {
-                self.check_now(p, None, s, sense::CHECK_CONDITION).await;
-                return Ok(());
-            }
-        }
         self.window_moves(p.immediate());
         let reply = scsi::Reply {
             status: sense::GOOD,
@@ -805,7 +794,6 @@ impl Session {
             reply,
             self.params.peer_max_recv_data,
             self.params.max_burst,
-            0,
         );
         for (r, status) in pdus {
             self.send(r, status).await;
@@ -1006,7 +994,6 @@ impl Session {
             reply,
             self.params.peer_max_recv_data,
             self.params.max_burst,
-            0,
         );
         for (r, status) in pdus {
             self.send(r, status).await;
@@ -1080,7 +1067,6 @@ impl Session {
                         reply,
                         peer_max,
                         max_burst,
-                        0,
                     );
                     for (p, status) in pdus {
                         if out.send(Out::Pdu(p, status)).await.is_err() {
@@ -1253,7 +1239,6 @@ fn responses(
     reply: scsi::Reply,
     peer_max: u32,
     max_burst: u32,
-    _r2ts: u32,
 ) -> Vec<(Pdu, bool)> {
     let mut out = Vec::new();
     let produced = reply.data.len() as u64;
@@ -1389,7 +1374,7 @@ mod tests {
     #[test]
     fn reads_split_by_segment_and_burst_with_residuals() {
         // 10 000 bytes asked, 4096 produced: underflow 5904, status on the last Data-In.
-        let p = responses(1, 0, true, false, 10_000, None, reply(4096), 1024, 2048, 0);
+        let p = responses(1, 0, true, false, 10_000, None, reply(4096), 1024, 2048);
         assert_eq!(p.len(), 4);
         let last = &p[3].0;
         assert_eq!(last.bhs[1] & 0x83, 0x83);
@@ -1397,7 +1382,7 @@ mod tests {
         assert!(p[1].0.bhs[1] & 0x80 != 0, "end of the first burst");
         assert!(p[0].0.bhs[1] & 0x80 == 0);
         // 200 asked, 512 produced: 200 sent, overflow 312.
-        let p = responses(1, 0, true, false, 200, None, reply(512), 8192, 1 << 20, 0);
+        let p = responses(1, 0, true, false, 200, None, reply(512), 8192, 1 << 20);
         assert_eq!(p[0].0.data.len(), 200);
         assert_eq!(p[0].0.bhs[1] & 0x04, 0x04);
         assert_eq!(p[0].0.u32_at(44), 312);
@@ -1407,7 +1392,7 @@ mod tests {
             sense: vec![0x70; 18],
             data: Vec::new(),
         };
-        let p = responses(1, 0, true, false, 512, None, r, 8192, 1 << 20, 0);
+        let p = responses(1, 0, true, false, 512, None, r, 8192, 1 << 20);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].0.opcode(), pdu::OP_SCSI_RESP);
         assert_eq!(p[0].0.data.len(), 20);
@@ -1415,32 +1400,10 @@ mod tests {
 
     #[test]
     fn write_residuals_follow_the_cdb() {
-        let p = responses(
-            1,
-            0,
-            false,
-            true,
-            1024,
-            Some(512),
-            reply(0),
-            8192,
-            1 << 20,
-            0,
-        );
+        let p = responses(1, 0, false, true, 1024, Some(512), reply(0), 8192, 1 << 20);
         assert_eq!(p[0].0.bhs[1] & 0x06, 0x02);
         assert_eq!(p[0].0.u32_at(44), 512);
-        let p = responses(
-            1,
-            0,
-            false,
-            true,
-            512,
-            Some(1024),
-            reply(0),
-            8192,
-            1 << 20,
-            0,
-        );
+        let p = responses(1, 0, false, true, 512, Some(1024), reply(0), 8192, 1 << 20);
         assert_eq!(p[0].0.bhs[1] & 0x06, 0x04);
     }
 }

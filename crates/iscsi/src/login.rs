@@ -31,7 +31,6 @@ pub const NOT_FOUND: u16 = 0x0203;
 pub const UNSUPPORTED_VERSION: u16 = 0x0205;
 pub const MISSING_PARAMETER: u16 = 0x0207;
 pub const SESSION_NOT_FOUND: u16 = 0x020a;
-pub const INVALID_DURING_LOGIN: u16 = 0x020b;
 pub const INITIATOR_ERROR: u16 = 0x0200;
 pub const TARGET_ERROR: u16 = 0x0300;
 
@@ -207,8 +206,6 @@ pub async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             });
         }
         req = next(rd).await?;
-        // The StatSN the initiator expects continues from ours.
-        let _ = req.u32_at(28);
     }
     Err(Failed {
         status: None,

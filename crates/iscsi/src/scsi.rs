@@ -172,11 +172,6 @@ impl Lu {
         }
     }
 
-    /// The unit serial number (VPD page 0x80).
-    pub fn serial(&self) -> &str {
-        &self.serial
-    }
-
     fn volume(&self) -> Res<Arc<Volume>> {
         self.hold
             .volume()
@@ -871,9 +866,8 @@ impl Lu {
         Ok((sense::GOOD, cut(d, alloc)))
     }
 
-    fn mode_pages(&self, vol: &Volume, page: u8, sub: u8, pc: u8) -> Res<Vec<u8>> {
+    fn mode_pages(&self, page: u8, sub: u8, pc: u8) -> Res<Vec<u8>> {
         let modes = self.state.lock().modes;
-        let _ = vol;
         let caching = |pc: u8| -> Vec<u8> {
             let mut p = vec![0u8; 20];
             p[0] = 0x08;
@@ -935,7 +929,7 @@ impl Lu {
         if pc == 3 {
             return Err(illegal(sense::SAVING_NOT_SUPPORTED));
         }
-        let pages = self.mode_pages(&vol, page, cdb[3], pc)?;
+        let pages = self.mode_pages(page, cdb[3], pc)?;
         let wp = self.readonly || vol.is_readonly() || self.state.lock().modes.swp;
         let dev = if wp { 0x80 } else { 0 } | 0x10; // WP, DPOFUA
         let mut bd = Vec::new();

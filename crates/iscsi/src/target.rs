@@ -99,6 +99,14 @@ impl Target {
         })
     }
 
+    /// LUN `n`, if `initiator` (logged in as `chap_user`) sees it.
+    pub fn lun_for(&self, n: u16, initiator: &str, chap_user: Option<&str>) -> Option<Arc<Lu>> {
+        self.luns
+            .get(&n)
+            .filter(|l| l.allows(initiator, chap_user))
+            .map(|l| l.lu.clone())
+    }
+
     /// The LUNs `initiator` (logged in as `chap_user`) sees.
     pub fn visible(&self, initiator: &str, chap_user: Option<&str>) -> BTreeMap<u16, Arc<Lu>> {
         self.luns

@@ -49,6 +49,11 @@ fn tank(data: &Path, args: &[&str]) -> String {
     common::tank(data, args, None)
 }
 
+/// Runs a libiscsi tool on `url` as the initiator `iqn`: its exit status and output.
+fn as_initiator(tool: &str, iqn: &str, url: &str) -> (bool, String) {
+    run(&[tool, "-i", iqn, url], 30)
+}
+
 /// Runs a libiscsi tool with a time limit; its exit status and output.
 fn run(args: &[&str], secs: u64) -> (bool, String) {
     let mut child = Command::new("timeout")
@@ -223,48 +228,32 @@ fn discovery_chap_digests_and_libiscsi_tools() {
     let a = &d.addr;
 
     // Discovery lists what each initiator may log in to.
-    let (ok, out) = run(
-        &[
-            "iscsi-ls",
-            "-i",
-            "iqn.2026-11.org.test:other",
-            &format!("iscsi://{a}"),
-        ],
-        30,
+    let (ok, out) = as_initiator(
+        "iscsi-ls",
+        "iqn.2026-11.org.test:other",
+        &format!("iscsi://{a}"),
     );
     assert!(ok, "{out}");
     assert!(out.contains("iqn.2026-11.org.tank:open"), "{out}");
     assert!(out.contains("iqn.2026-11.org.tank:chap"), "{out}");
     assert!(!out.contains("iqn.2026-11.org.tank:only"), "{out}");
-    let (ok, out) = run(
-        &[
-            "iscsi-ls",
-            "-i",
-            "iqn.2026-11.org.test:allowed",
-            &format!("iscsi://{a}"),
-        ],
-        30,
+    let (ok, out) = as_initiator(
+        "iscsi-ls",
+        "iqn.2026-11.org.test:allowed",
+        &format!("iscsi://{a}"),
     );
     assert!(ok && out.contains("iqn.2026-11.org.tank:only"), "{out}");
     // And login follows the same rule.
-    let (ok, out) = run(
-        &[
-            "iscsi-inq",
-            "-i",
-            "iqn.2026-11.org.test:other",
-            &format!("iscsi://{a}/iqn.2026-11.org.tank:only/0"),
-        ],
-        30,
+    let (ok, out) = as_initiator(
+        "iscsi-inq",
+        "iqn.2026-11.org.test:other",
+        &format!("iscsi://{a}/iqn.2026-11.org.tank:only/0"),
     );
     assert!(!ok && out.contains("Authorization failure"), "{out}");
-    let (ok, out) = run(
-        &[
-            "iscsi-inq",
-            "-i",
-            "iqn.2026-11.org.test:allowed",
-            &format!("iscsi://{a}/iqn.2026-11.org.tank:only/0"),
-        ],
-        30,
+    let (ok, out) = as_initiator(
+        "iscsi-inq",
+        "iqn.2026-11.org.test:allowed",
+        &format!("iscsi://{a}/iqn.2026-11.org.tank:only/0"),
     );
     assert!(ok && out.contains("Vendor:TANK"), "{out}");
 

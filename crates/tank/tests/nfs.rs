@@ -48,18 +48,7 @@ fn serve_at(data: &Path, addr: &str) -> (Daemon, Vec<String>) {
 }
 
 fn tank(data: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(args)
-        .env("TANK_DATA_DIR", data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tank {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::tank(data, args, None)
 }
 
 /// A libnfs URL of `path` in the share, as `uid`:`gid` (None: root).

@@ -229,48 +229,33 @@ impl Initiator {
         let mut wire = pdu_bytes(&bhs, &data_out[..imm]);
         if !self.initial_r2t {
             let end = data_out.len().min(self.first_burst);
-            let mut at = imm;
-            let mut sn = 0u32;
-            while at < end {
-                let n = (end - at).min(self.target_max_data);
-                wire.extend_from_slice(&self.data_out_pdu(
-                    lun,
-                    itt,
-                    u32::MAX,
-                    sn,
-                    at,
-                    at + n == end,
-                    &data_out[at..at + n],
-                ));
-                at += n;
-                sn += 1;
-            }
+            self.data_outs(&mut wire, lun, itt, u32::MAX, &data_out[..end], imm);
         }
         self.stream.write_all(&wire)?;
         Ok(itt)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn data_out_pdu(
-        &self,
-        lun: u8,
-        itt: u32,
-        ttt: u32,
-        sn: u32,
-        off: usize,
-        last: bool,
-        data: &[u8],
-    ) -> Vec<u8> {
-        let mut d = [0u8; 48];
-        d[0] = 0x05;
-        d[1] = if last { 0x80 } else { 0 };
-        d[9] = lun;
-        d[16..20].copy_from_slice(&itt.to_be_bytes());
-        d[20..24].copy_from_slice(&ttt.to_be_bytes());
-        d[28..32].copy_from_slice(&self.stat_sn.to_be_bytes());
-        d[36..40].copy_from_slice(&sn.to_be_bytes());
-        d[40..44].copy_from_slice(&(off as u32).to_be_bytes());
-        pdu_bytes(&d, data)
+    /// Appends to `wire` the Data-Out PDUs that carry `data[from..]` (offsets from the
+    /// start of `data`) for task `itt` and transfer tag `ttt`, each at most what the target
+    /// takes in one PDU, numbered from DataSN 0, the last with F.
+    fn data_outs(&self, wire: &mut Vec<u8>, lun: u8, itt: u32, ttt: u32, data: &[u8], from: usize) {
+        let mut at = from;
+        let mut sn = 0u32;
+        while at < data.len() {
+            let n = (data.len() - at).min(self.target_max_data);
+            let mut d = [0u8; 48];
+            d[0] = 0x05;
+            d[1] = if at + n == data.len() { 0x80 } else { 0 };
+            d[9] = lun;
+            d[16..20].copy_from_slice(&itt.to_be_bytes());
+            d[20..24].copy_from_slice(&ttt.to_be_bytes());
+            d[28..32].copy_from_slice(&self.stat_sn.to_be_bytes());
+            d[36..40].copy_from_slice(&sn.to_be_bytes());
+            d[40..44].copy_from_slice(&(at as u32).to_be_bytes());
+            wire.extend_from_slice(&pdu_bytes(&d, &data[at..at + n]));
+            at += n;
+            sn += 1;
+        }
     }
 
     /// Answers an R2T from `data_out`.
@@ -280,23 +265,8 @@ impl Initiator {
         let off = be32(&p.bhs[40..44]) as usize;
         let len = be32(&p.bhs[44..48]) as usize;
         let end = (off + len).min(data_out.len());
-        let mut at = off;
-        let mut sn = 0u32;
         let mut wire = Vec::new();
-        while at < end {
-            let n = (end - at).min(self.target_max_data);
-            wire.extend_from_slice(&self.data_out_pdu(
-                lun,
-                itt,
-                ttt,
-                sn,
-                at,
-                at + n == end,
-                &data_out[at..at + n],
-            ));
-            at += n;
-            sn += 1;
-        }
+        self.data_outs(&mut wire, lun, itt, ttt, &data_out[..end], off);
         self.stream.write_all(&wire)
     }
 
