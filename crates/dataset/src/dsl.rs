@@ -52,6 +52,9 @@ use tank_pool::PoolError;
 
 use crate::props::{self, PropDef};
 
+mod sendrecv;
+pub use sendrecv::RecvBegin;
+
 /// The dataset directory lives in these items of the meta object set.
 pub const DIR_OBJ: u64 = 1;
 pub const KIND_DIR_HEADER: u8 = 16;
@@ -127,6 +130,43 @@ pub struct Record {
     /// keeps `sharenfs` and `sharesmb`, so shares move with the pool. Never on a snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<Share>,
+    /// A globally unique id: a snapshot keeps it on every pool a stream carries it to, so
+    /// an incremental stream names its base by it. Records written before guids have none
+    /// stored; `load` derives a stable one.
+    #[serde(default)]
+    pub guid: u64,
+    /// A head's bookmarks: an incremental base that outlives its snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bookmarks: Vec<Bookmark>,
+    /// A receive into this head that has not finished (the dataset is inconsistent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recv: Option<RecvState>,
+}
+
+/// A bookmark (`POOL/DS#NAME`): the guid and txg of a snapshot, enough to be the base of an
+/// incremental stream (which is found from birth times alone) after the snapshot is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bookmark {
+    pub name: String,
+    pub guid: u64,
+    pub txg: u64,
+    pub creation: u64,
+}
+
+/// A receive in progress (`recv.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecvState {
+    /// The stream's base guid (0: a full stream) and the snapshot it carries.
+    pub from_guid: u64,
+    pub to_guid: u64,
+    pub to_name: String,
+    pub snapshot: String,
+    pub creation: u64,
+    /// The receive created this dataset (an abort destroys it rather than rolling back).
+    pub created: bool,
+    /// `receive -s`: an interrupted receive is kept and publishes a resume token.
+    pub resumable: bool,
+    pub compressed: bool,
 }
 
 /// One share of a dataset: a protocol, a name unique among the shares of every pool, and the
@@ -230,6 +270,22 @@ impl DslError {
 
 type Res<T> = Result<T, DslError>;
 
+/// A fresh random guid (never 0).
+pub fn new_guid() -> u64 {
+    use rand::Rng;
+    rand::thread_rng().gen_range(1..u64::MAX)
+}
+
+/// The guid of a record stored before guids existed: stable, as it depends only on what the
+/// record and its pool hold.
+fn derived_guid(pool_guid: u64, r: &Record) -> u64 {
+    let mut b = Vec::with_capacity(32);
+    for v in [pool_guid, r.id, r.txg, r.creation] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_64(&b).max(1)
+}
+
 /// A change to the directory, run in syncing context.
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -273,6 +329,22 @@ pub enum Op {
     SetShares {
         name: String,
         shares: Vec<Share>,
+    },
+    /// `POOL/DS@SNAP` → `POOL/DS#MARK`.
+    Bookmark {
+        snapshot: String,
+        bookmark: String,
+    },
+    DestroyBookmark {
+        bookmark: String,
+    },
+    /// The start, end and abandonment of a receive (`dsl/sendrecv.rs`).
+    RecvBegin(Box<RecvBegin>),
+    RecvEnd {
+        name: String,
+    },
+    RecvAbort {
+        name: String,
     },
 }
 
@@ -737,6 +809,7 @@ impl Dsl {
                 format!("records={replayed}"),
             );
         }
+        dsl.abort_interrupted_receives()?;
         Ok(dsl)
     }
 
@@ -763,8 +836,11 @@ impl Dsl {
             )));
         }
         for (id, v) in all_items(&meta, DIR_OBJ, KIND_DIR_RECORD)? {
-            let r: Record = serde_json::from_slice(&v)
+            let mut r: Record = serde_json::from_slice(&v)
                 .map_err(|e| DslError::Corrupt(format!("dataset {id}: {e}")))?;
+            if r.guid == 0 {
+                r.guid = derived_guid(self.store.pool().guid(), &r);
+            }
             st.records.insert(id, r);
         }
         for (id, v) in all_items(&meta, DIR_OBJ, KIND_DEADLIST_HEADER)? {
@@ -1348,6 +1424,11 @@ impl Dsl {
             Op::Rename { from, to } => self.op_rename(st, from, to),
             Op::SetProps { name, props } => self.op_set(st, name, props),
             Op::SetShares { name, shares } => self.op_set_shares(st, name, shares),
+            Op::Bookmark { snapshot, bookmark } => self.op_bookmark(st, snapshot, bookmark),
+            Op::DestroyBookmark { bookmark } => self.op_destroy_bookmark(st, bookmark),
+            Op::RecvBegin(b) => self.op_recv_begin(st, ctx, b),
+            Op::RecvEnd { name } => self.op_recv_end(st, ctx, name),
+            Op::RecvAbort { name } => self.op_recv_abort(st, ctx, name),
         }
     }
 
@@ -1389,6 +1470,9 @@ impl Dsl {
             written: space.dsize,
             clones: vec![],
             shares: vec![],
+            guid: new_guid(),
+            bookmarks: vec![],
+            recv: None,
         };
         st.records.insert(ROOT_ID, rec);
         st.dirty_records.insert(ROOT_ID);
@@ -1465,6 +1549,9 @@ impl Dsl {
             written: 0,
             clones: vec![],
             shares: vec![],
+            guid: new_guid(),
+            bookmarks: vec![],
+            recv: None,
         };
         st.records.insert(id, rec);
         st.dirty_records.insert(id);
@@ -1621,6 +1708,9 @@ impl Dsl {
                 written: head.written,
                 clones: vec![],
                 shares: vec![],
+                guid: new_guid(),
+                bookmarks: vec![],
+                recv: None,
             };
             st.records.insert(id, rec);
             st.dirty_records.insert(id);
@@ -1925,6 +2015,9 @@ impl Dsl {
         r.unique = s.unique;
         r.lunique = s.lunique;
         r.written = 0;
+        // A bookmark made after the snapshot names a state the head no longer descends
+        // from: an increment from it would be wrong.
+        r.bookmarks.retain(|b| b.txg <= s.txg);
         let mut out = later;
         out.push(head.id);
         Ok(out)
@@ -2000,6 +2093,9 @@ impl Dsl {
             written: 0,
             clones: vec![],
             shares: vec![],
+            guid: new_guid(),
+            bookmarks: vec![],
+            recv: None,
         };
         st.records.insert(id, rec);
         st.dirty_records.insert(id);

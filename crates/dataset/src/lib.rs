@@ -8,6 +8,8 @@
 //! - `posix/`: the filesystem on one object set; `hooks.rs` feeds it the dataset's
 //!   properties and space.
 //! - `zvol.rs`: volumes.
+//! - `stream.rs`, `send.rs`, `recv.rs` (and `dsl/sendrecv.rs`): send streams, bookmarks and
+//!   receive.
 //! - `scan.rs`: the snapshot trees the scrub walks, and names for its error log.
 //! - `errno.rs`: the POSIX error type.
 
@@ -16,7 +18,10 @@ pub mod errno;
 pub mod hooks;
 pub mod posix;
 pub mod props;
+pub mod recv;
 pub mod scan;
+pub mod send;
+pub mod stream;
 pub mod zvol;
 
 pub use dsl::{DatasetInfo, DatasetKind, Dsl, DslError, Op, Record, Share};

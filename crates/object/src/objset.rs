@@ -35,13 +35,16 @@ use tank_vdev::IoBatch;
 
 use crate::cache::{BlockCache, BlockData, CachePolicy, CachedRead};
 use crate::tree::{
-    BlockRef, CowTree, Key, NodeRef, NodeStore, TreeError, TreeSnapshot, Value, WriteKind,
+    BlockRef, Change, CowTree, Key, NodeRef, NodeStore, TreeError, TreeSnapshot, Value, WriteKind,
 };
 use crate::ObjectError;
 
 pub const KIND_META: u8 = 0;
 pub const KIND_HEADER: u8 = 1;
 pub const KIND_DATA: u8 = 2;
+/// `(0, KIND_RECV, 0)`: where a receive into this object set has got to (`recv_progress`);
+/// never part of a send stream.
+pub const KIND_RECV: u8 = 3;
 pub const FIRST_USER_KIND: u8 = 16;
 /// Data blocks up to this size live inline in tree leaves.
 pub const INLINE_MAX: usize = 1024;
@@ -1278,6 +1281,158 @@ impl ObjectSet {
         self.remove_range(key(obj, 0, 0), end)?;
         self.log(tx.txg, crate::zil::LogOp::Free { obj });
         Ok(())
+    }
+
+    // ---- send and receive (docs/FORMAT.md §"Send stream") ----
+
+    /// The changes of this object set's tree since txg `base`, from the range holding `from`
+    /// on, in key order (see `tree/changes.rs`). Receive progress items are left out.
+    pub fn changes_since(
+        &self,
+        base: u64,
+        from: Key,
+        visit: &mut dyn FnMut(Change) -> Result<(), TreeError>,
+    ) -> Result<(), ObjectError> {
+        let tree = self.tree.lock();
+        tree.changes_since(&self.store(), base, from, &mut |change| {
+            visit(match change {
+                Change::Leaf {
+                    lo,
+                    hi,
+                    mut keys,
+                    mut items,
+                } => {
+                    keys.retain(|k| k.kind != KIND_RECV || k.obj != 0);
+                    items.retain(|(k, _)| k.kind != KIND_RECV || k.obj != 0);
+                    Change::Leaf {
+                        lo,
+                        hi,
+                        keys,
+                        items,
+                    }
+                }
+                clear => clear,
+            })
+        })?;
+        Ok(())
+    }
+
+    /// The bytes of a value for a stream: logical, or (`raw`) as stored with the compression
+    /// that was applied (`Compression::Off` for inline values and uncompressed blocks).
+    pub fn send_bytes(&self, v: &Value, raw: bool) -> Result<(Compression, Vec<u8>), ObjectError> {
+        if let (true, Value::Block(r)) = (raw, v) {
+            if let Some(bp) = r.bp() {
+                if bp.compression != Compression::Off {
+                    let physical = self.cache.blocks().read_physical(&bp)?;
+                    return Ok((bp.compression, physical));
+                }
+            }
+        }
+        let meta = !matches!(v, Value::Block(_));
+        Ok((Compression::Off, self.value_bytes(v, meta)?.into_vec()))
+    }
+
+    /// Receive: removes every item with `lo <= key < hi` (`None`: to the end) but those in
+    /// `keep` (sorted) and the receive progress. Returns how many were removed. Not logged:
+    /// a receive is durable when its txgs commit.
+    pub fn recv_clear(
+        &self,
+        _tx: &Tx<'_>,
+        lo: Key,
+        hi: Option<Key>,
+        keep: &[Key],
+    ) -> Result<u64, ObjectError> {
+        self.open_context()?;
+        let _w = self.write_lock.lock();
+        let end = hi.unwrap_or(Key::MAX);
+        let mut start = lo;
+        let mut removed = 0;
+        loop {
+            let items = self
+                .tree
+                .lock()
+                .range(&self.store(), &start, &end, TRUNCATE_BATCH)?;
+            let Some((last, _)) = items.last() else {
+                return Ok(removed);
+            };
+            let next = last.successor();
+            for (k, _) in items {
+                let progress = k.obj == 0 && k.kind == KIND_RECV;
+                if !progress && keep.binary_search(&k).is_err() {
+                    self.tree_remove(&k)?;
+                    removed += 1;
+                }
+            }
+            match next {
+                Some(n) => start = n,
+                None => return Ok(removed),
+            }
+        }
+    }
+
+    /// Receive: sets an item to inline bytes, or to a data block holding `data` (written by
+    /// the next sync with this object set's write policy). Not logged.
+    pub fn recv_set(
+        &self,
+        _tx: &Tx<'_>,
+        k: Key,
+        data: Vec<u8>,
+        block: bool,
+    ) -> Result<(), ObjectError> {
+        self.open_context()?;
+        if k.obj == 0 && k.kind == KIND_RECV {
+            return Err(ObjectError::Invalid(
+                "a stream may not set receive progress".into(),
+            ));
+        }
+        let _w = self.write_lock.lock();
+        let v = if block {
+            if data.is_empty() || data.len() > MAX_BLOCK_SIZE as usize {
+                return Err(ObjectError::Invalid(format!(
+                    "data block of {} bytes",
+                    data.len()
+                )));
+            }
+            self.dirty_bytes
+                .fetch_add(data.len() as u64, Ordering::AcqRel);
+            let r = BlockRef::new_dirty(Arc::new(data), self.policy().tag());
+            self.open_created.lock().push(r.clone());
+            Value::Block(r)
+        } else {
+            if data.len() > crate::tree::MAX_INLINE {
+                return Err(ObjectError::Invalid(format!(
+                    "inline item of {} bytes",
+                    data.len()
+                )));
+            }
+            Self::inline(&data)
+        };
+        self.tree_insert(k, v)?;
+        Ok(())
+    }
+
+    /// Receive: whether an item exists (a stream's unchanged keys must).
+    pub fn has_item(&self, k: &Key) -> Result<bool, ObjectError> {
+        Ok(self.tree_get(k)?.is_some())
+    }
+
+    /// Receive progress: the stored bytes at `(0, KIND_RECV, 0)`, if any.
+    pub fn recv_progress(&self) -> Result<Option<Vec<u8>>, ObjectError> {
+        match self.tree_get(&key(0, KIND_RECV, 0))? {
+            Some(v) => Ok(Some(self.value_bytes(&v, true)?.into_vec())),
+            None => Ok(None),
+        }
+    }
+
+    /// Sets (or, with `None`, removes) the receive progress, in the transaction of the
+    /// changes it accounts for.
+    pub fn set_recv_progress(&self, _tx: &Tx<'_>, value: Option<&[u8]>) -> Result<(), ObjectError> {
+        self.open_context()?;
+        let k = key(0, KIND_RECV, 0);
+        match value {
+            Some(v) => self.tree_insert(k, Self::inline(v)).map(drop),
+            None => self.tree_remove(&k).map(drop),
+        }
     }
 
     // ---- sync ----

@@ -105,6 +105,7 @@
 //! that the node is at most 16 KiB, and, against the parent entry, the child's level, first key
 //! and upper bound; any failure is [`TreeError::Corrupt`].
 
+mod changes;
 mod mutate;
 mod node;
 mod read;
@@ -115,6 +116,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Mutex, RwLock};
 use tank_block::BlockPtr;
 
+pub use changes::Change;
 use node::{Expect, Node};
 pub use node::{MAX_LEVEL, NODE_MAX, NODE_MIN};
 pub use read::ScanVisitor;
@@ -195,6 +197,17 @@ impl Key {
         out[8] = self.kind;
         out[9..].copy_from_slice(&self.offset.to_le_bytes());
         out
+    }
+
+    /// The next key in order; `None` after `Key::MAX`.
+    pub fn successor(&self) -> Option<Key> {
+        if let Some(offset) = self.offset.checked_add(1) {
+            return Some(Key { offset, ..*self });
+        }
+        if let Some(kind) = self.kind.checked_add(1) {
+            return Some(Key::new(self.obj, kind, 0));
+        }
+        self.obj.checked_add(1).map(|obj| Key::new(obj, 0, 0))
     }
 
     pub fn decode(raw: &[u8; Key::SIZE]) -> Key {
@@ -588,6 +601,18 @@ impl CowTree {
     /// Visits every written node and data block for the scrub (see `read::walk_scan`).
     pub fn walk_scan(&self, store: &dyn NodeStore, visit: &mut dyn ScanVisitor) {
         read::walk_scan(store, self.root.as_ref(), visit)
+    }
+
+    /// The description of this version for a receiver holding it as of txg `base`, from the
+    /// range holding `from` on (see `changes.rs`).
+    pub fn changes_since(
+        &self,
+        store: &dyn NodeStore,
+        base: u64,
+        from: Key,
+        visit: &mut dyn FnMut(Change) -> Result<(), TreeError>,
+    ) -> Result<(), TreeError> {
+        changes::changes_since(store, self.root.as_ref(), base, from, visit)
     }
 
     /// Visits every written node and data block born after `min_txg` (see

@@ -1,0 +1,358 @@
+//! `tank send`: a snapshot as a stream, whole or as the changes since an earlier snapshot or
+//! bookmark of the same lineage.
+//!
+//! # Theory of operation
+//! The snapshot's tree is described by `ObjectSet::changes_since` (`tree/changes.rs`) from
+//! the base's txg: what was born after it, found from birth times, so the cost follows the
+//! change. Each change becomes stream records (`stream.rs`): `CLEAR` for a range with
+//! nothing, `UNCHANGED` for a subtree the base has as it is, `LEAF` with the keys of a changed leaf, then a `SET_INLINE` or `SET_BLOCK` per
+//! new or changed item. A block's bytes are read through the ARC, logical, or as stored with
+//! `-c`. `-I` sends every snapshot between the base and the target, one substream each. A
+//! resume token (`recv.rs` makes it on the receiving side) names the snapshot, the base and
+//! the key to go on from; the sender checks that the token is intact and asks for nothing
+//! but the rest of that one increment.
+//!
+//! A base must be of the snapshot's lineage: an earlier snapshot or bookmark of its dataset,
+//! or the origin of a clone. Anything else would describe changes against a tree the
+//! receiver does not have.
+
+use std::io::Write;
+
+use tank_object::tree::{Change, Key, TreeError, Value};
+
+use crate::dsl::{DatasetKind, Dsl};
+use crate::stream::{
+    key_from_hex, key_hex, Begin, TransferError, Writer, STREAM_MAGIC, STREAM_VERSION,
+};
+
+/// What `tank send` was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct SendOptions {
+    /// `-i` / `-I`: the base, a snapshot (`@snap` or `POOL/DS@snap`) or bookmark (`#mark`
+    /// or `POOL/DS#mark`).
+    pub from: Option<String>,
+    /// `-I`: every snapshot between the base and the target.
+    pub intermediates: bool,
+    /// `-c` (and `-w`): blocks as stored, compressed.
+    pub compressed: bool,
+}
+
+/// What a send wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SendSummary {
+    /// Full names of the snapshots sent, in order.
+    pub snapshots: Vec<String>,
+    pub bytes: u64,
+    pub records: u64,
+}
+
+/// A resume token's contents (`receive_resume_token`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ResumeToken {
+    pub to_guid: u64,
+    pub from_guid: u64,
+    pub to_name: String,
+    /// Where to go on from (hex of the key); every range before it was received.
+    pub next: String,
+    pub compressed: bool,
+    /// Stream bytes received so far (for the progress display).
+    pub bytes: u64,
+}
+
+impl ResumeToken {
+    /// `1-<checksum>-<hex of the JSON>`: versioned, and checked so a damaged token is refused.
+    pub fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).expect("token serializes");
+        let sum = xxhash_rust::xxh3::xxh3_64(&json);
+        format!("1-{sum:016x}-{}", tank_block::blkptr::hex(&json))
+    }
+
+    pub fn decode(token: &str) -> Result<ResumeToken, TransferError> {
+        let bad = |why: &str| TransferError::Refused(format!("invalid resume token: {why}"));
+        let mut parts = token.trim().splitn(3, '-');
+        let (Some(v), Some(sum), Some(body)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad("expected 1-CHECKSUM-DATA"));
+        };
+        if v != "1" {
+            return Err(bad(&format!("version {v} (this build makes version 1)")));
+        }
+        if body.len() % 2 != 0 || body.len() > 8192 {
+            return Err(bad("malformed data"));
+        }
+        let json: Vec<u8> = (0..body.len() / 2)
+            .map(|i| u8::from_str_radix(&body[2 * i..2 * i + 2], 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad("malformed data"))?;
+        if format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&json)) != sum {
+            return Err(bad("checksum mismatch (the token was changed or cut)"));
+        }
+        let t: ResumeToken = serde_json::from_slice(&json).map_err(|_| bad("malformed data"))?;
+        if key_from_hex(&t.next).is_none() {
+            return Err(bad("malformed resume point"));
+        }
+        Ok(t)
+    }
+}
+
+/// A resolved base: its guid and txg.
+struct Base {
+    guid: u64,
+    txg: u64,
+}
+
+/// Resolves `from` as a base of snapshot `to` (an id), checking the lineage.
+fn resolve_base(dsl: &Dsl, to: u64, from: &str) -> Result<Base, TransferError> {
+    let to_rec = dsl.record(to)?;
+    let head = to_rec.parent;
+    let head_name = dsl.name_of(head);
+    let full = if from.starts_with('@') || from.starts_with('#') {
+        format!("{head_name}{from}")
+    } else {
+        from.to_string()
+    };
+    let refuse = |why: String| TransferError::Refused(why);
+    if full.contains('#') {
+        let (bhead, mark) = dsl.bookmark(&full)?;
+        if bhead != head {
+            return Err(refuse(format!(
+                "'{full}' is not a bookmark of '{head_name}': an incremental base must be of the same dataset"
+            )));
+        }
+        if mark.txg >= to_rec.txg {
+            return Err(refuse(format!(
+                "'{full}' is not earlier than '{}'",
+                dsl.name_of(to)
+            )));
+        }
+        return Ok(Base {
+            guid: mark.guid,
+            txg: mark.txg,
+        });
+    }
+    let sid = dsl.resolve(&full)?;
+    let s = dsl.record(sid)?;
+    if s.kind != DatasetKind::Snapshot {
+        return Err(refuse(format!("'{full}' is not a snapshot")));
+    }
+    let head_rec = dsl.record(head)?;
+    let lineage = s.parent == head || head_rec.origin == sid;
+    if !lineage {
+        return Err(refuse(format!(
+            "'{full}' is not an earlier snapshot of '{head_name}' nor its origin: an incremental stream needs a base of the same lineage"
+        )));
+    }
+    if s.txg >= to_rec.txg {
+        return Err(refuse(format!(
+            "'{full}' is not earlier than '{}'",
+            dsl.name_of(to)
+        )));
+    }
+    Ok(Base {
+        guid: s.guid,
+        txg: s.txg,
+    })
+}
+
+/// Writes a stream of `snapshot` (see the module documentation). `progress` is told the
+/// bytes written so far, now and then.
+pub fn send(
+    dsl: &Dsl,
+    snapshot: &str,
+    opts: &SendOptions,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SendSummary, TransferError> {
+    let to = dsl.resolve(snapshot)?;
+    let to_rec = dsl.record(to)?;
+    if to_rec.kind != DatasetKind::Snapshot {
+        return Err(TransferError::Refused(format!(
+            "'{snapshot}' is not a snapshot: send sends a snapshot (dataset@name)"
+        )));
+    }
+    if opts.intermediates && opts.from.is_none() {
+        return Err(TransferError::Refused("-I needs a base snapshot".into()));
+    }
+    let base = opts
+        .from
+        .as_deref()
+        .map(|f| resolve_base(dsl, to, f))
+        .transpose()?;
+    // The increments to send: (base guid, base txg, snapshot id).
+    let mut steps = Vec::new();
+    match &base {
+        None => steps.push((0, 0, to)),
+        Some(b) if opts.intermediates => {
+            let mut prev = (b.guid, b.txg);
+            for s in dsl.snapshots(to_rec.parent) {
+                let r = dsl.record(s)?;
+                if r.txg > b.txg && r.txg <= to_rec.txg {
+                    steps.push((prev.0, prev.1, s));
+                    prev = (r.guid, r.txg);
+                }
+            }
+        }
+        Some(b) => steps.push((b.guid, b.txg, to)),
+    }
+    let mut summary = SendSummary::default();
+    let mut w = Writer::new(out);
+    for (from_guid, from_txg, sid) in steps {
+        send_one(
+            dsl,
+            &mut w,
+            sid,
+            from_guid,
+            from_txg,
+            opts.compressed,
+            Key::MIN,
+            false,
+            progress,
+        )?;
+        summary.snapshots.push(dsl.name_of(sid));
+    }
+    summary.bytes = w.bytes;
+    summary.records = w.total_records();
+    Ok(summary)
+}
+
+/// Writes the rest of an interrupted stream, as its resume token describes.
+pub fn send_resume(
+    dsl: &Dsl,
+    token: &str,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SendSummary, TransferError> {
+    let t = ResumeToken::decode(token)?;
+    let to = dsl.snapshot_by_guid(t.to_guid).ok_or_else(|| {
+        TransferError::Refused(format!(
+            "the token's snapshot '{}' (guid {:#018x}) is not on this pool",
+            t.to_name, t.to_guid
+        ))
+    })?;
+    let from_txg = if t.from_guid == 0 {
+        0
+    } else {
+        let to_rec = dsl.record(to)?;
+        let head = to_rec.parent;
+        let head_rec = dsl.record(head)?;
+        let snap = dsl
+            .snapshots(head)
+            .into_iter()
+            .chain((head_rec.origin != 0).then_some(head_rec.origin))
+            .filter_map(|s| dsl.record(s).ok())
+            .find(|r| r.guid == t.from_guid)
+            .map(|r| r.txg);
+        let mark = head_rec
+            .bookmarks
+            .iter()
+            .find(|b| b.guid == t.from_guid)
+            .map(|b| b.txg);
+        match snap.or(mark) {
+            Some(txg) if txg < to_rec.txg => txg,
+            _ => {
+                return Err(TransferError::Refused(format!(
+                    "the token's base (guid {:#018x}) is no longer an earlier snapshot or bookmark of '{}'",
+                    t.from_guid,
+                    dsl.name_of(head)
+                )))
+            }
+        }
+    };
+    let next = key_from_hex(&t.next).expect("checked by decode");
+    let mut w = Writer::new(out);
+    send_one(
+        dsl,
+        &mut w,
+        to,
+        t.from_guid,
+        from_txg,
+        t.compressed,
+        next,
+        true,
+        progress,
+    )?;
+    Ok(SendSummary {
+        snapshots: vec![dsl.name_of(to)],
+        bytes: w.bytes,
+        records: w.total_records(),
+    })
+}
+
+/// One substream: snapshot `sid` against the base (`from_guid`, `from_txg`), from `next` on.
+#[allow(clippy::too_many_arguments)]
+fn send_one(
+    dsl: &Dsl,
+    w: &mut Writer<'_>,
+    sid: u64,
+    from_guid: u64,
+    from_txg: u64,
+    compressed: bool,
+    next: Key,
+    resumed: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), TransferError> {
+    let rec = dsl.record(sid)?;
+    let head = dsl.record(rec.parent)?;
+    let os = dsl.snapshot_objset(sid)?;
+    w.begin(&Begin {
+        magic: STREAM_MAGIC.into(),
+        version: STREAM_VERSION,
+        kind: head.kind.name().into(),
+        from_guid,
+        to_guid: rec.guid,
+        to_name: dsl.name_of(sid),
+        snapshot: rec.name.clone(),
+        creation: rec.creation,
+        props: head.props.clone(),
+        compressed,
+        resume_from: resumed.then(|| key_hex(&next)),
+    })?;
+    let mut failed: Option<TransferError> = None;
+    let mut last_report = 0u64;
+    let walk = os.changes_since(from_txg, next, &mut |change| {
+        let r = (|| -> Result<(), TransferError> {
+            match change {
+                Change::Clear { lo, hi } => w.clear(&lo, &hi)?,
+                Change::Unchanged {
+                    lo,
+                    hi,
+                    first,
+                    last,
+                } => w.unchanged(&lo, &hi, &first, &last)?,
+                Change::Leaf {
+                    lo,
+                    hi,
+                    keys,
+                    items,
+                } => {
+                    w.leaf(&lo, &hi, &keys)?;
+                    for (k, v) in items {
+                        match &v {
+                            Value::Inline(b) => w.set_inline(&k, b)?,
+                            Value::Block(_) => {
+                                let (comp, bytes) = os.send_bytes(&v, compressed)?;
+                                w.set_block(&k, comp.to_u8(), v.logical_len() as u32, &bytes)?;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })();
+        if w.bytes - last_report >= 8 << 20 {
+            last_report = w.bytes;
+            progress(w.bytes);
+        }
+        r.map_err(|e| {
+            let msg = e.to_string();
+            failed = Some(e);
+            TreeError::Store(msg)
+        })
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    walk?;
+    w.end(rec.guid)?;
+    progress(w.bytes);
+    Ok(())
+}
