@@ -1095,6 +1095,7 @@ impl Dsl {
         let pool = self.pool_name();
         let avail = self.available(id);
         let mounted = self.holds.lock().get(&id).cloned();
+        let token = crate::recv::resume_token(self, id).ok().flatten();
         let st = self.state.lock();
         let r = st.rec(id)?.clone();
         let mut out = Vec::new();
@@ -1162,6 +1163,11 @@ impl Dsl {
                 }),
                 "logicalreferenced" => computed(r.lreferenced),
                 "written" => computed(r.written),
+                "guid" => computed(r.guid),
+                "receive_resume_token" => match &token {
+                    Some(t) => (t.clone(), "-".into()),
+                    None => ("-".into(), "-".into()),
+                },
                 "origin" => {
                     if r.origin != 0 {
                         (st.full_name(&pool, r.origin), "-".into())

@@ -175,6 +175,8 @@ pub const PROPS: &[PropDef] = &[
     computed("logicalreferenced", PropType::Size),
     computed("written", PropType::Size),
     computed("origin", PropType::Text),
+    computed("guid", PropType::Text),
+    computed("receive_resume_token", PropType::Text),
     computed("refcompressratio", PropType::Text),
     computed("mounted", PropType::Text),
 ];

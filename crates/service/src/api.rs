@@ -290,6 +290,48 @@ pub enum Request {
         #[schema(value_type = Vec<Vec<String>>)]
         props: Vec<(String, String)>,
     },
+    /// A stream of a snapshot (`tank send`), written on the connection after the reply
+    /// (see `Service::send_stream`); `token` resumes an interrupted receive instead.
+    Send {
+        #[serde(default)]
+        snapshot: Option<String>,
+        /// `-i` / `-I`: the base snapshot or bookmark.
+        #[serde(default)]
+        from: Option<String>,
+        #[serde(default)]
+        intermediates: bool,
+        /// `-c`: blocks as stored.
+        #[serde(default)]
+        compressed: bool,
+        #[serde(default)]
+        token: Option<String>,
+    },
+    /// A stream into a dataset (`tank receive`), read from the connection after the request
+    /// (see `Service::receive_stream`).
+    Receive {
+        dataset: String,
+        /// `-F`: roll the target back to the stream's base first.
+        #[serde(default)]
+        force: bool,
+        /// `-s`: keep an interrupted receive, with a resume token.
+        #[serde(default)]
+        resumable: bool,
+        /// `-u`: do not mount what was received.
+        #[serde(default)]
+        no_mount: bool,
+        #[serde(default)]
+        #[schema(value_type = Vec<Vec<String>>)]
+        props: Vec<(String, String)>,
+    },
+    /// `tank receive -A`: abandon an unfinished receive.
+    ReceiveAbort {
+        dataset: String,
+    },
+    /// `tank bookmark POOL/DS@SNAP POOL/DS#MARK`.
+    Bookmark {
+        snapshot: String,
+        bookmark: String,
+    },
     Mount {
         dataset: String,
         #[serde(default)]
@@ -638,6 +680,14 @@ pub enum Response {
     },
     /// Datasets made (a create with parents, a clone, snapshots).
     DatasetNames(Vec<String>),
+    /// What a send wrote or a receive took.
+    Transferred {
+        snapshots: Vec<String>,
+        bytes: u64,
+        /// `receive -F`: the datasets rolled back first, and to what.
+        #[serde(default)]
+        rolled_back: Vec<String>,
+    },
     /// How many datasets and snapshots a destroy removed.
     Destroyed {
         count: usize,

@@ -264,6 +264,11 @@ impl Handles {
                 rec.kind.name()
             )));
         }
+        if rec.recv.is_some() {
+            return Err(ServiceError::Busy(format!(
+                "cannot serve '{name}': a receive into it has not finished (resume it with 'tank send -t' and its receive_resume_token, or abandon it with 'tank receive -A {name}')"
+            )));
+        }
         let key = (dsl.pool_name(), id);
         let mut map = self.map.lock();
         let handle = match map.get(&key) {

@@ -339,6 +339,14 @@ impl Service {
                     })
                 })
             }
+            R::DatasetDestroy { name, .. } if name.contains('#') => {
+                self.on_pool(ctx, &name, |o, _| {
+                    o.dsl.run(Op::DestroyBookmark {
+                        bookmark: name.clone(),
+                    })?;
+                    Ok(Response::Destroyed { count: 1 })
+                })
+            }
             R::DatasetDestroy {
                 name,
                 recursive,

@@ -296,6 +296,9 @@ impl Service {
             | R::Mount { .. }
             | R::Unmount { .. }
             | R::MountList => self.dataset_request(ctx, req),
+            R::Send { .. } | R::Receive { .. } | R::ReceiveAbort { .. } | R::Bookmark { .. } => {
+                self.stream_request(ctx, req)
+            }
             R::UserAdd { .. }
             | R::UserPasswd { .. }
             | R::UserSet { .. }

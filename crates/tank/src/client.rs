@@ -146,7 +146,7 @@ impl Client {
     }
 }
 
-fn whoami() -> String {
+pub fn whoami() -> String {
     nix::unistd::User::from_uid(nix::unistd::getuid())
         .ok()
         .flatten()

@@ -159,7 +159,7 @@ pub struct CloneArgs {
     target: String,
 }
 
-fn parse_props(list: &[String]) -> Result<Vec<(String, String)>> {
+pub fn parse_props(list: &[String]) -> Result<Vec<(String, String)>> {
     list.iter()
         .map(|p| match p.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),

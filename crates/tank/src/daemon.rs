@@ -53,7 +53,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tank_dataset::DatasetKind;
-use tank_service::api::{Envelope, Reply, WireError, API_VERSION};
+use tank_service::api::{Envelope, Reply, Request, WireError, API_VERSION};
 use tank_service::{Mode, Service, ServiceError};
 
 use crate::client::socket_path;
@@ -145,8 +145,8 @@ fn error_reply(e: &ServiceError) -> Reply {
     Reply::Error(WireError::from(e))
 }
 
-/// Answers one line of a client.
-fn answer(svc: &Service, uid: u32, line: &str) -> Reply {
+/// Reads one request line of a client: its envelope, or the reply that refuses it.
+fn parse_envelope(line: &str) -> Result<Envelope, Box<Reply>> {
     let env: Envelope = match serde_json::from_str(line) {
         Ok(e) => e,
         Err(e) => {
@@ -161,15 +161,20 @@ fn answer(svc: &Service, uid: u32, line: &str) -> Reply {
                 ),
                 _ => format!("malformed request: {e}"),
             };
-            return error_reply(&ServiceError::BadRequest(msg));
+            return Err(Box::new(error_reply(&ServiceError::BadRequest(msg))));
         }
     };
     if env.version != API_VERSION {
-        return error_reply(&ServiceError::BadRequest(format!(
+        return Err(Box::new(error_reply(&ServiceError::BadRequest(format!(
             "the client speaks API version {}, this daemon {API_VERSION}: use a tank of the same version",
             env.version
-        )));
+        )))));
     }
+    Ok(env)
+}
+
+/// Answers one request of a client.
+fn answer(svc: &Service, uid: u32, env: Envelope) -> Reply {
     let caller = match svc.local_caller(uid) {
         Ok(c) => c,
         Err(e) => {
@@ -217,11 +222,76 @@ fn serve_connection(stream: UnixStream, svc: &Service) -> Result<()> {
             writer.write_all(s.as_bytes())?;
             return Ok(());
         } else {
-            answer(svc, uid, line.trim_end())
+            match parse_envelope(line.trim_end()) {
+                Err(reply) => *reply,
+                Ok(env)
+                    if matches!(env.request, Request::Send { .. } | Request::Receive { .. }) =>
+                {
+                    // A stream follows (receive) or comes back (send), in frames; the
+                    // connection carries nothing after it.
+                    return serve_stream(svc, uid, env, reader, writer);
+                }
+                Ok(env) => answer(svc, uid, env),
+            }
         };
         let mut s = serde_json::to_string(&reply)?;
         s.push('\n');
         writer.write_all(s.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// A send or a receive: the stream in frames (`cmd_stream.rs`), then the reply.
+fn serve_stream(
+    svc: &Service,
+    uid: u32,
+    env: Envelope,
+    mut reader: BufReader<UnixStream>,
+    mut writer: UnixStream,
+) -> Result<()> {
+    use crate::cmd_stream::{FrameReader, FrameWriter};
+    let reply_line = |r: &Reply| -> Result<Vec<u8>> {
+        let mut s = serde_json::to_string(r)?;
+        s.push('\n');
+        Ok(s.into_bytes())
+    };
+    let caller = match svc.local_caller(uid) {
+        Ok(c) => c,
+        Err(e) => {
+            say_err!("refused {} from uid {uid}: {e}", env.request.op());
+            if matches!(env.request, Request::Send { .. }) {
+                writer.write_all(&0u32.to_le_bytes())?;
+            }
+            writer.write_all(&reply_line(&error_reply(&e))?)?;
+            return Ok(());
+        }
+    };
+    let to_reply = |(r, notes): (Result<tank_service::Response, ServiceError>, Vec<String>)| match r
+    {
+        Ok(response) => Reply::Ok { response, notes },
+        Err(e) => error_reply(&e),
+    };
+    match env.request {
+        req @ Request::Send { .. } => {
+            let mut frames = FrameWriter::new(&mut writer);
+            let result = svc.send_stream(&caller, req, &mut frames, env.command);
+            // The client stops reading when its output fails: then there is no one to
+            // tell.
+            if let Ok(w) = frames.finish() {
+                w.write_all(&reply_line(&to_reply(result))?)?;
+            }
+        }
+        req => {
+            let mut frames = FrameReader::new(&mut reader);
+            let result = svc.receive_stream(&caller, req, &mut frames, env.command);
+            let done = frames.is_done();
+            writer.write_all(&reply_line(&to_reply(result))?)?;
+            if !done {
+                // The stream was refused before its end: the client learns why from the
+                // reply; the rest of the stream is not read.
+                let _ = writer.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
 mod cmd_share;
+mod cmd_stream;
 mod daemon;
 mod datadir;
 mod demo;
@@ -78,6 +79,15 @@ enum Command {
     Snapshot(cmd_dataset::SnapshotArgs),
     /// Roll a dataset back to a snapshot.
     Rollback(cmd_dataset::RollbackArgs),
+    /// Write a snapshot as a stream on standard output: whole, or since a snapshot or
+    /// bookmark (-i, -I); -t resumes an interrupted receive.
+    Send(cmd_stream::SendArgs),
+    /// Read a stream from standard input into a dataset (-F roll back first, -s resumable,
+    /// -A abandon an unfinished receive).
+    #[command(alias = "recv")]
+    Receive(cmd_stream::ReceiveArgs),
+    /// Keep a snapshot's place as an incremental base: POOL/DS@SNAP POOL/DS#MARK.
+    Bookmark(cmd_stream::BookmarkArgs),
     /// Create a writable clone of a snapshot.
     Clone(cmd_dataset::CloneArgs),
     /// Mount a filesystem dataset with FUSE (in the daemon, or in the foreground without one).
@@ -153,6 +163,9 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Dataset(c) => cmd_dataset::run(c),
         Command::Snapshot(a) => cmd_dataset::snapshot(a),
         Command::Rollback(a) => cmd_dataset::rollback(a),
+        Command::Send(a) => cmd_stream::send(a),
+        Command::Receive(a) => cmd_stream::receive(a),
+        Command::Bookmark(a) => cmd_stream::bookmark(a),
         Command::Clone(a) => cmd_dataset::clone(a),
         Command::Mount(a) => mounts::run_mount(a),
         Command::Unmount(a) => mounts::run_unmount(a),
