@@ -151,7 +151,7 @@ pub fn receive(
         dsl.run(Op::RecvBegin(Box::new(RecvBegin {
             name: target.to_string(),
             kind,
-            props: props.clone(),
+            props,
             state: RecvState {
                 from_guid: begin.from_guid,
                 to_guid: begin.to_guid,
@@ -182,13 +182,16 @@ pub fn receive(
         dsl.run(Op::RecvEnd {
             name: target.to_string(),
         })?;
-        if begin.from_guid != 0 {
-            // An increment carries the dataset's properties as of its snapshot too.
+        if begin.from_guid != 0 && !opts.props.is_empty() {
+            // An increment changes no property of the target but those given with -o (as
+            // zfs, whose increments carry none): what the target set for itself, such as its
+            // mountpoint, stays.
             let rec = dsl.record(id)?;
-            let changed: Vec<(String, Option<String>)> = props
-                .into_iter()
+            let changed: Vec<(String, Option<String>)> = opts
+                .props
+                .iter()
                 .filter(|(k, v)| rec.props.get(k) != Some(v))
-                .map(|(k, v)| (k, Some(v)))
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
                 .collect();
             if !changed.is_empty() {
                 dsl.run(Op::SetProps {

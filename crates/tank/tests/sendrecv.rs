@@ -1,0 +1,559 @@
+//! `tank send` and `tank receive` as a user runs them: between two hosts' data directories
+//! (each with its daemon), through a pipe and over SSH (the system's sshd, started here on
+//! 127.0.0.1), compared by a walker over both mounted filesystems; and receives killed with
+//! SIGKILL midway (the receiving command, then the daemon), after which the target is as it
+//! was before.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn tank(data: &Path, args: &[&str]) -> String {
+    common::tank(data, args, None)
+}
+
+fn tank_fails(data: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "tank {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        common::stop(&mut self.0);
+    }
+}
+
+fn serve(data: &Path) -> Daemon {
+    let (child, _, lines) =
+        common::serve_until_listening(data, &["serve", "--api", "127.0.0.1:0"], "api: ");
+    eprintln!("{}", lines.join("\n"));
+    Daemon(child)
+}
+
+fn kill9(d: Daemon) {
+    let mut d = std::mem::ManuallyDrop::new(d);
+    let _ = d.0.kill();
+    let _ = d.0.wait();
+}
+
+/// `tank send ARGS` on `from` piped into `tank receive ARGS` on `to`; both must succeed.
+/// Returns the receive's standard output and error.
+fn pipe(from: &Path, send: &[&str], to: &Path, receive: &[&str]) -> (String, String) {
+    let mut s = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(send)
+        .env("TANK_DATA_DIR", from)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let r = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(receive)
+        .env("TANK_DATA_DIR", to)
+        .stdin(s.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    let sent = s.wait_with_output().unwrap();
+    assert!(
+        sent.status.success(),
+        "tank {send:?}: {}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&r.stdout).into_owned(),
+        String::from_utf8_lossy(&r.stderr).into_owned(),
+    );
+    assert!(r.status.success(), "tank {receive:?}: {out}{err}");
+    (out, err)
+}
+
+/// What a walker sees of one path: kind and permission bits, owner, links, size, blocks,
+/// modification time, symlink target, extended attributes and a hash of the contents.
+type Walk = BTreeMap<String, String>;
+
+fn xattrs(p: &Path) -> String {
+    let out = Command::new("getfattr")
+        .args(["-h", "-d", "-m", "-", "--absolute-names"])
+        .arg(p)
+        .output()
+        .expect("getfattr (Debian's attr) runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn walk(root: &Path) -> Walk {
+    let mut out = Walk::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for name in names {
+            if rel.as_os_str().is_empty() && name == ".tank" {
+                continue;
+            }
+            let r = rel.join(&name);
+            let p = root.join(&r);
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let mut what = format!(
+                "mode={:o} uid={} gid={} nlink={} size={} blocks={} mtime={}.{} xattrs=[{}]",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.nlink(),
+                if m.is_dir() { 0 } else { m.size() },
+                if m.is_file() { m.blocks() } else { 0 },
+                m.mtime(),
+                m.mtime_nsec(),
+                xattrs(&p)
+            );
+            if m.file_type().is_symlink() {
+                what += &format!(" -> {}", std::fs::read_link(&p).unwrap().display());
+            } else if m.is_file() {
+                let data = std::fs::read(&p).unwrap();
+                what += &format!(" data={:016x}", xxhash(&data));
+            } else if m.is_dir() {
+                stack.push(r.clone());
+            }
+            out.insert(r.display().to_string(), what);
+        }
+    }
+    out
+}
+
+/// FNV-1a over the bytes (enough to tell contents apart in a comparison).
+fn xxhash(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn assert_same(a: &Walk, b: &Walk, what: &str) {
+    assert!(!a.is_empty(), "{what}: nothing to compare");
+    for (k, v) in a {
+        assert_eq!(Some(v), b.get(k), "{what}: {k}");
+    }
+    for k in b.keys() {
+        assert!(a.contains_key(k), "{what}: {k} only on the target");
+    }
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|i| {
+            if i % 4096 < 2048 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            } else {
+                b"tank"[i % 4]
+            }
+        })
+        .collect()
+}
+
+fn populate(dir: &Path, round: u64) {
+    let d = dir.join(format!("round{round}"));
+    std::fs::create_dir_all(d.join("deep/er")).unwrap();
+    for i in 0..30u64 {
+        std::fs::write(
+            d.join(format!("f{i}")),
+            pattern(round * 100 + i, 1000 + i as usize * 3000),
+        )
+        .unwrap();
+    }
+    std::fs::write(d.join("deep/er/big"), pattern(round, 6 << 20)).unwrap();
+    // A sparse file: data, a 20 MiB hole, data.
+    let mut f = std::fs::File::create(d.join("sparse")).unwrap();
+    f.write_all(&pattern(round + 7, 100_000)).unwrap();
+    f.set_len(20 << 20).unwrap();
+    use std::io::Seek;
+    f.seek(std::io::SeekFrom::End(0)).unwrap();
+    f.write_all(&pattern(round + 8, 50_000)).unwrap();
+    drop(f);
+    std::os::unix::fs::symlink("deep/er/big", d.join("link")).unwrap();
+    std::fs::hard_link(d.join("f1"), d.join("hard")).unwrap();
+    std::fs::set_permissions(d.join("f2"), std::fs::Permissions::from_mode(0o4750)).unwrap();
+    std::os::unix::fs::chown(d.join("f3"), Some(1234), Some(5678)).unwrap();
+    let st = Command::new("setfattr")
+        .args(["-n", "user.colour", "-v", "blue"])
+        .arg(d.join("f4"))
+        .status()
+        .expect("setfattr (Debian's attr) runs");
+    assert!(st.success());
+}
+
+fn change(dir: &Path, round: u64) {
+    let prev = dir.join(format!("round{}", round - 1));
+    std::fs::remove_file(prev.join("deep/er/big")).unwrap();
+    std::fs::write(prev.join("f5"), b"rewritten").unwrap();
+    std::fs::rename(prev.join("f6"), prev.join("f6-renamed")).unwrap();
+    populate(dir, round);
+}
+
+/// A snapshot as its dataset's mount shows it: the state that was sent. (The live
+/// directory may show times the kernel has not handed to the daemon yet.)
+fn snap_dir(mount: &Path, snap: &str) -> PathBuf {
+    mount.join(".tank/snapshot").join(snap)
+}
+
+fn snapshot(data: &Path, name: &str) {
+    tank(data, &["snapshot", name]);
+}
+
+/// An sshd of our own on 127.0.0.1, with a key pair made here; `None` (and why) when the
+/// machine has no sshd.
+struct Sshd {
+    child: Child,
+    port: u16,
+    key: PathBuf,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_sshd(dir: &Path) -> Result<Sshd, String> {
+    let sshd = Path::new("/usr/sbin/sshd");
+    if !sshd.exists() {
+        return Err("no /usr/sbin/sshd (Debian's openssh-server)".into());
+    }
+    if !Path::new("/run/sshd").is_dir() {
+        return Err("sshd's privilege separation directory /run/sshd is missing".into());
+    }
+    if nix::unistd::getuid().as_raw() != 0 {
+        return Err("sshd needs root to start".into());
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    for (k, t) in [("host", "ed25519"), ("client", "ed25519")] {
+        let st = Command::new("ssh-keygen")
+            .args(["-q", "-t", t, "-N", "", "-f"])
+            .arg(dir.join(k))
+            .status()
+            .map_err(|e| format!("ssh-keygen: {e}"))?;
+        assert!(st.success());
+    }
+    std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\nPermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nMaxStartups 4\nLoginGraceTime 30\n",
+        dir.join("host").display(),
+        dir.join("authorized_keys").display(),
+        dir.join("sshd.pid").display()
+    );
+    std::fs::write(dir.join("sshd_config"), config).unwrap();
+    let child = Command::new(sshd)
+        .args(["-D", "-e", "-f"])
+        .arg(dir.join("sshd_config"))
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("sshd: {e}"))?;
+    wait_for("sshd to listen", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    Ok(Sshd {
+        child,
+        port,
+        key: dir.join("client"),
+    })
+}
+
+#[test]
+fn send_and_receive_between_hosts_through_pipes_and_ssh() {
+    if let Some(why) = common::fuse_missing() {
+        common::skip("send_and_receive_between_hosts_through_pipes_and_ssh", why);
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (t.path().join("host-a"), t.path().join("host-b"));
+    for (data, pool) in [(&a, "pa"), (&b, "pb")] {
+        std::fs::create_dir_all(data).unwrap();
+        let dev = data.join("disk0");
+        std::fs::File::create(&dev)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        tank(data, &["pool", "create", pool, dev.to_str().unwrap()]);
+    }
+    let (ma, mb) = (t.path().join("ma"), t.path().join("mb"));
+    let da = serve(&a);
+    let db = serve(&b);
+    let mp_a = format!("mountpoint={}", ma.display());
+    tank(&a, &["dataset", "create", "-o", &mp_a, "pa/src"]);
+    wait_for("pa/src to mount", || {
+        ma.join(".tank").exists() || ma.read_dir().is_ok_and(|mut d| d.next().is_none())
+    });
+    populate(&ma, 1);
+    snapshot(&a, "pa/src@1");
+
+    // Full, through a pipe between the two daemons; received with properties of its own.
+    let mp_b = format!("mountpoint={}", mb.display());
+    let (out, _) = pipe(
+        &a,
+        &["send", "pa/src@1"],
+        &b,
+        &["receive", "-o", &mp_b, "-o", "atime=off", "pb/dst"],
+    );
+    assert!(out.contains("received pb/dst@1"), "{out}");
+    wait_for("pb/dst to mount", || mb.join("round1").exists());
+    assert_same(&walk(&snap_dir(&ma, "1")), &walk(&mb), "full");
+    let guid = |data: &Path, name: &str| -> String {
+        tank(data, &["dataset", "get", "-H", "guid", name])
+            .split('\t')
+            .nth(2)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(guid(&a, "pa/src@1"), guid(&b, "pb/dst@1"));
+
+    // Incremental, compressed, into the mounted target (unmounted and mounted again).
+    change(&ma, 2);
+    snapshot(&a, "pa/src@2");
+    pipe(
+        &a,
+        &["send", "-c", "-i", "@1", "pa/src@2"],
+        &b,
+        &["receive", "pb/dst"],
+    );
+    wait_for("pb/dst to mount again", || mb.join("round2").exists());
+    assert_same(&walk(&snap_dir(&ma, "2")), &walk(&mb), "incremental");
+
+    // A stream for another base is refused, and the target is unchanged.
+    let stream = t.path().join("s12");
+    let out = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["send", "-i", "@1", "pa/src@2"])
+        .env("TANK_DATA_DIR", &a)
+        .stdout(std::fs::File::create(&stream).unwrap())
+        .status()
+        .unwrap();
+    assert!(out.success());
+    let r = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["receive", "pb/dst"])
+        .env("TANK_DATA_DIR", &b)
+        .stdin(std::fs::File::open(&stream).unwrap())
+        .output()
+        .unwrap();
+    assert!(!r.status.success());
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.contains("exists") || err.contains("base"), "{err}");
+    assert_same(
+        &walk(&snap_dir(&ma, "2")),
+        &walk(&mb),
+        "after a refused stream",
+    );
+
+    // Over SSH: tank send | ssh host tank receive.
+    change(&ma, 3);
+    snapshot(&a, "pa/src@3");
+    match start_sshd(&t.path().join("ssh")) {
+        Err(why) => common::skip(
+            "send_and_receive_between_hosts_through_pipes_and_ssh (ssh part)",
+            &why,
+        ),
+        Ok(sshd) => {
+            let remote = format!(
+                "TANK_DATA_DIR='{}' '{}' receive pb/dst",
+                b.display(),
+                env!("CARGO_BIN_EXE_tank")
+            );
+            let port = sshd.port.to_string();
+            let key = sshd.key.to_str().unwrap().to_string();
+            let ssh = [
+                "ssh",
+                "-p",
+                port.as_str(),
+                "-i",
+                key.as_str(),
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "LogLevel=ERROR",
+                "root@127.0.0.1",
+                remote.as_str(),
+            ];
+            let mut s = Command::new(env!("CARGO_BIN_EXE_tank"))
+                .args(["send", "-i", "@2", "pa/src@3"])
+                .env("TANK_DATA_DIR", &a)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let r = Command::new(ssh[0])
+                .args(&ssh[1..])
+                .stdin(s.stdout.take().unwrap())
+                .output()
+                .unwrap();
+            assert!(s.wait().unwrap().success());
+            assert!(
+                r.status.success(),
+                "over ssh: {}{}",
+                String::from_utf8_lossy(&r.stdout),
+                String::from_utf8_lossy(&r.stderr)
+            );
+            wait_for("pb/dst to mount after the ssh receive", || {
+                mb.join("round3").exists()
+            });
+            assert_same(&walk(&snap_dir(&ma, "3")), &walk(&mb), "over ssh");
+        }
+    }
+
+    // Killed midway: the receiving daemon, with SIGKILL, half a stream in.
+    change(&ma, 4);
+    snapshot(&a, "pa/src@4");
+    let s34 = t.path().join("s34");
+    let st = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["send", "-i", "@3", "pa/src@4"])
+        .env("TANK_DATA_DIR", &a)
+        .stdout(std::fs::File::create(&s34).unwrap())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let before = walk(&mb);
+    let bytes = std::fs::read(&s34).unwrap();
+    let mut r = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["receive", "pb/dst"])
+        .env("TANK_DATA_DIR", &b)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = r.stdin.take().unwrap();
+    input.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    input.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    kill9(db);
+    drop(input);
+    let _ = r.wait();
+    let db = serve(&b);
+    let mounted = {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if mb.join("round3").exists() {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    if !mounted {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        panic!(
+            "pb/dst not mounted after the restart: {}\n{}\n{}",
+            tank(&b, &["dataset", "list", "-t", "all"]),
+            tank(
+                &b,
+                &[
+                    "dataset",
+                    "get",
+                    "mountpoint,receive_resume_token,mounted",
+                    "pb/dst"
+                ]
+            ),
+            mounts
+                .lines()
+                .filter(|l| l.contains("mb"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert_same(&before, &walk(&mb), "after a daemon killed mid-receive");
+    let snaps = tank(
+        &b,
+        &["dataset", "list", "-H", "-t", "snapshot", "-o", "name"],
+    );
+    assert!(!snaps.contains("pb/dst@4"), "{snaps}");
+    // The same stream whole then applies.
+    let r = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["receive", "pb/dst"])
+        .env("TANK_DATA_DIR", &b)
+        .stdin(std::fs::File::open(&s34).unwrap())
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    wait_for("pb/dst to mount", || mb.join("round4").exists());
+    assert_same(
+        &walk(&snap_dir(&ma, "4")),
+        &walk(&mb),
+        "after the kill, received whole",
+    );
+
+    // Killed midway without a daemon: the receiving command itself.
+    drop(db);
+    let full = t.path().join("full");
+    let st = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["send", "pa/src@4"])
+        .env("TANK_DATA_DIR", &a)
+        .stdout(std::fs::File::create(&full).unwrap())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let bytes = std::fs::read(&full).unwrap();
+    let mut r = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["receive", "-u", "pb/half"])
+        .env("TANK_DATA_DIR", &b)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = r.stdin.take().unwrap();
+    input.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    input.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = r.kill();
+    let _ = r.wait();
+    drop(input);
+    let list = tank(&b, &["dataset", "list", "-H", "-t", "all", "-o", "name"]);
+    assert!(
+        !list.contains("pb/half"),
+        "a half-received dataset is left: {list}"
+    );
+    assert!(list.contains("pb/dst@4"), "{list}");
+    let err = tank_fails(&b, &["receive", "-A", "pb/dst"]);
+    assert!(err.contains("no unfinished receive"), "{err}");
+    drop(da);
+}
