@@ -167,6 +167,11 @@ pub struct RecvState {
     /// `receive -s`: an interrupted receive is kept and publishes a resume token.
     pub resumable: bool,
     pub compressed: bool,
+    /// The replication stream (`send -R`) this receive is part of, and its place there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<crate::stream::Replicate>,
+    #[serde(default)]
+    pub part: u64,
 }
 
 /// One share of a dataset: a protocol, a name unique among the shares of every pool, and the

@@ -50,6 +50,8 @@ pub struct RecvSummary {
     pub snapshots: Vec<String>,
     /// Targets rolled back by `-F` (what they were rolled back to).
     pub rolled_back: Vec<String>,
+    /// Snapshots of a replication stream the target had already (sent again after a cut).
+    pub skipped: Vec<String>,
     pub bytes: u64,
     pub records: u64,
 }
@@ -85,6 +87,8 @@ pub fn resume_token(dsl: &Dsl, id: u64) -> Result<Option<String>, TransferError>
     };
     Ok(Some(
         ResumeToken {
+            replicate: state.replicate,
+            part: state.part,
             to_guid: state.to_guid,
             from_guid: state.from_guid,
             to_name: state.to_name,
@@ -120,15 +124,69 @@ pub fn receive(
 ) -> Result<RecvSummary, TransferError> {
     let mut reader = Reader::new(input);
     let mut summary = RecvSummary::default();
+    let top = target;
+    // Substreams the stream says it has (0: not said), and how many came.
+    let mut parts = 0u64;
+    let mut part = 0u64;
     loop {
         let begin = match reader.next_record()? {
             None if summary.snapshots.is_empty() => {
                 return Err(TransferError::Refused("the stream is empty".into()))
             }
+            None if part < parts => {
+                return Err(TransferError::Stream(StreamError::Truncated {
+                    record: reader.total_records,
+                    offset: reader.offset,
+                    what: format!(
+                        "the input ended after {part} of the stream's {parts} snapshots (each one received is whole: send the rest as an increment from the last)"
+                    ),
+                }))
+            }
             None => break,
             Some(Record::Begin(b)) => b,
             Some(_) => unreachable!("the reader starts every substream with BEGIN"),
         };
+        if part == 0 {
+            parts = begin.parts;
+            if begin.resume_from.is_some() {
+                // A resumed stream starts where the cut one stopped.
+                part = begin.part;
+            }
+        }
+        if begin.parts != parts || (parts > 0 && begin.part != part) {
+            return Err(TransferError::Stream(StreamError::Damaged {
+                record: reader.total_records,
+                offset: reader.offset,
+                what: format!(
+                    "substream {} of {} where {part} of {parts} was expected",
+                    begin.part, begin.parts
+                ),
+            }));
+        }
+        part += 1;
+        // A replication stream keeps each dataset's place below the target.
+        let target_name = match begin.replicate.as_ref().map(|r| &r.root) {
+            None => top.to_string(),
+            Some(root) => {
+                let ds = begin.to_name.split('@').next().unwrap_or_default();
+                match ds.strip_prefix(root.as_str()) {
+                    Some(rel) if rel.is_empty() || rel.starts_with('/') => format!("{top}{rel}"),
+                    _ => {
+                        return Err(TransferError::Refused(format!(
+                            "the stream's '{}' is not below its replicated dataset '{root}'",
+                            begin.to_name
+                        )))
+                    }
+                }
+            }
+        };
+        let target = target_name.as_str();
+        if begin.replicate.is_some() && has_snapshot(dsl, target, begin.to_guid) {
+            // A replication stream sent again after a cut: what came before is there.
+            skip_substream(&mut reader)?;
+            summary.skipped.push(format!("{target}@{}", begin.snapshot));
+            continue;
+        }
         let kind = match begin.kind.as_str() {
             "filesystem" => DatasetKind::Filesystem,
             "volume" => DatasetKind::Volume,
@@ -161,6 +219,8 @@ pub fn receive(
                 created: false,
                 resumable: opts.resumable,
                 compressed: begin.compressed,
+                replicate: begin.replicate.clone(),
+                part: begin.part,
             },
             force: opts.force,
         })))?;
@@ -207,6 +267,32 @@ pub fn receive(
     summary.bytes = reader.offset;
     summary.records = reader.total_records;
     Ok(summary)
+}
+
+/// Whether dataset `name` has the snapshot with this guid.
+fn has_snapshot(dsl: &Dsl, name: &str, guid: u64) -> bool {
+    dsl.resolve(name).is_ok_and(|id| {
+        dsl.snapshots(id)
+            .into_iter()
+            .any(|s| dsl.record(s).is_ok_and(|r| r.guid == guid))
+    })
+}
+
+/// Reads a substream through its `END`, checking it, applying nothing.
+fn skip_substream(reader: &mut Reader<'_>) -> Result<(), TransferError> {
+    loop {
+        match reader.next_record()? {
+            Some(Record::End { .. }) => return Ok(()),
+            Some(_) => {}
+            None => {
+                return Err(TransferError::Stream(StreamError::Truncated {
+                    record: reader.total_records,
+                    offset: reader.offset,
+                    what: "the input ended before the END record".into(),
+                }))
+            }
+        }
+    }
 }
 
 /// The snapshot `-F` will roll `target` back to, if it will.

@@ -22,7 +22,7 @@ use tank_object::tree::{Change, Key, TreeError, Value};
 
 use crate::dsl::{DatasetKind, Dsl};
 use crate::stream::{
-    key_from_hex, key_hex, Begin, TransferError, Writer, STREAM_MAGIC, STREAM_VERSION,
+    key_from_hex, key_hex, Begin, Replicate, TransferError, Writer, STREAM_MAGIC, STREAM_VERSION,
 };
 
 /// What `tank send` was asked for.
@@ -35,6 +35,8 @@ pub struct SendOptions {
     pub intermediates: bool,
     /// `-c` (and `-w`): blocks as stored, compressed.
     pub compressed: bool,
+    /// `-R`: every descendant that has the snapshot too, with all their snapshots.
+    pub replicate: bool,
 }
 
 /// What a send wrote.
@@ -49,6 +51,12 @@ pub struct SendSummary {
 /// A resume token's contents (`receive_resume_token`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResumeToken {
+    /// The replication stream (`-R`) the cut substream belonged to, and its place there:
+    /// the sender goes on with the substreams after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<Replicate>,
+    #[serde(default)]
+    pub part: u64,
     pub to_guid: u64,
     pub from_guid: u64,
     pub to_name: String,
@@ -95,6 +103,7 @@ impl ResumeToken {
 }
 
 /// A resolved base: its guid and txg.
+#[derive(Clone, Copy)]
 struct Base {
     guid: u64,
     txg: u64,
@@ -153,15 +162,49 @@ fn resolve_base(dsl: &Dsl, to: u64, from: &str) -> Result<Base, TransferError> {
     })
 }
 
-/// Writes a stream of `snapshot` (see the module documentation). `progress` is told the
-/// bytes written so far, now and then.
-pub fn send(
+/// One substream of a plan: snapshot `sid` against the base (`from_guid`, `from_txg`).
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    from_guid: u64,
+    from_txg: u64,
+    sid: u64,
+}
+
+/// The increments of one dataset: from `base` (a snapshot or bookmark; none: the dataset's
+/// first snapshot whole) to snapshot `to`, every snapshot between with `intermediates`.
+fn steps_of(
+    dsl: &Dsl,
+    head: u64,
+    base: Option<&Base>,
+    to: u64,
+    intermediates: bool,
+) -> Result<Vec<Step>, TransferError> {
+    let to_txg = dsl.record(to)?.txg;
+    let mut out = Vec::new();
+    let (mut from_guid, mut from_txg) = base.map_or((0, 0), |b| (b.guid, b.txg));
+    for s in dsl.snapshots(head) {
+        let r = dsl.record(s)?;
+        let between = r.txg <= to_txg && (base.is_none() || r.txg > from_txg);
+        if !between || (!intermediates && s != to) {
+            continue;
+        }
+        out.push(Step {
+            from_guid,
+            from_txg,
+            sid: s,
+        });
+        (from_guid, from_txg) = (r.guid, r.txg);
+    }
+    Ok(out)
+}
+
+/// The substreams `tank send` writes for `snapshot` with `opts`, and the replication
+/// description of a `-R` stream.
+fn plan(
     dsl: &Dsl,
     snapshot: &str,
     opts: &SendOptions,
-    out: &mut dyn Write,
-    progress: &mut dyn FnMut(u64),
-) -> Result<SendSummary, TransferError> {
+) -> Result<(Vec<Step>, Option<Replicate>), TransferError> {
     let to = dsl.resolve(snapshot)?;
     let to_rec = dsl.record(to)?;
     if to_rec.kind != DatasetKind::Snapshot {
@@ -177,41 +220,116 @@ pub fn send(
         .as_deref()
         .map(|f| resolve_base(dsl, to, f))
         .transpose()?;
-    // The increments to send: (base guid, base txg, snapshot id).
-    let mut steps = Vec::new();
-    match &base {
-        None => steps.push((0, 0, to)),
-        Some(b) if opts.intermediates => {
-            let mut prev = (b.guid, b.txg);
-            for s in dsl.snapshots(to_rec.parent) {
-                let r = dsl.record(s)?;
-                if r.txg > b.txg && r.txg <= to_rec.txg {
-                    steps.push((prev.0, prev.1, s));
-                    prev = (r.guid, r.txg);
-                }
-            }
-        }
-        Some(b) => steps.push((b.guid, b.txg, to)),
+    if !opts.replicate {
+        let steps = match &base {
+            None => vec![Step {
+                from_guid: 0,
+                from_txg: 0,
+                sid: to,
+            }],
+            Some(b) => steps_of(dsl, to_rec.parent, Some(b), to, opts.intermediates)?,
+        };
+        return Ok((steps, None));
     }
+    // Every dataset below that has the snapshot, parents first; each from the base of the
+    // same name when it has one, else whole (every snapshot, as zfs send -R).
+    let top = to_rec.parent;
+    let base_name = opts.from.as_deref().map(|f| {
+        f.rsplit_once(['@', '#'])
+            .map_or(f.to_string(), |(_, n)| n.to_string())
+    });
+    let mark = opts.from.as_deref().is_some_and(|f| f.contains('#'));
+    let mut steps = Vec::new();
+    for d in dsl.subtree(top) {
+        let r = dsl.record(d)?;
+        if r.kind == DatasetKind::Snapshot {
+            continue;
+        }
+        let name = dsl.name_of(d);
+        let Ok(sid) = dsl.resolve(&format!("{name}@{}", to_rec.name)) else {
+            continue;
+        };
+        let b = match &base_name {
+            Some(_) if d == top => base,
+            Some(n) => {
+                let sep = if mark { '#' } else { '@' };
+                resolve_base(dsl, sid, &format!("{name}{sep}{n}")).ok()
+            }
+            None => None,
+        };
+        let intermediates = opts.intermediates || b.is_none();
+        steps.extend(steps_of(dsl, d, b.as_ref(), sid, intermediates)?);
+    }
+    let replicate = Replicate {
+        root: dsl.name_of(top),
+        snapshot: to_rec.name.clone(),
+        from: base_name.map(|n| format!("{}{n}", if mark { '#' } else { '@' })),
+        intermediates: opts.intermediates,
+    };
+    Ok((steps, Some(replicate)))
+}
+
+/// Writes a stream of `snapshot` (see the module documentation). `progress` is told the
+/// bytes written so far, now and then.
+pub fn send(
+    dsl: &Dsl,
+    snapshot: &str,
+    opts: &SendOptions,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SendSummary, TransferError> {
+    let (steps, replicate) = plan(dsl, snapshot, opts)?;
+    write_steps(
+        dsl,
+        &steps,
+        0,
+        Key::MIN,
+        replicate,
+        opts.compressed,
+        out,
+        progress,
+    )
+}
+
+/// Writes `steps[first..]`, the first from `next` on (a resumed stream when not
+/// `Key::MIN`).
+#[allow(clippy::too_many_arguments)]
+fn write_steps(
+    dsl: &Dsl,
+    steps: &[Step],
+    first: usize,
+    next: Key,
+    replicate: Option<Replicate>,
+    compressed: bool,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SendSummary, TransferError> {
     let mut summary = SendSummary::default();
     let mut w = Writer::new(out);
-    for (from_guid, from_txg, sid) in steps {
+    let parts = steps.len() as u64;
+    for (part, step) in steps.iter().enumerate().skip(first) {
+        let plan = Plan {
+            part: part as u64,
+            parts,
+            replicate: replicate.clone(),
+        };
+        let from = if part == first { next } else { Key::MIN };
+        let resumed = from != Key::MIN;
         send_one(
-            dsl,
-            &mut w,
-            sid,
-            from_guid,
-            from_txg,
-            opts.compressed,
-            Key::MIN,
-            false,
-            progress,
+            dsl, &mut w, *step, compressed, from, resumed, &plan, progress,
         )?;
-        summary.snapshots.push(dsl.name_of(sid));
+        summary.snapshots.push(dsl.name_of(step.sid));
     }
     summary.bytes = w.bytes;
     summary.records = w.total_records();
     Ok(summary)
+}
+
+/// Where a substream stands in its stream.
+struct Plan {
+    part: u64,
+    parts: u64,
+    replicate: Option<Replicate>,
 }
 
 /// Writes the rest of an interrupted stream, as its resume token describes.
@@ -228,68 +346,106 @@ pub fn send_resume(
             t.to_name, t.to_guid
         ))
     })?;
-    let from_txg = if t.from_guid == 0 {
-        0
-    } else {
-        let to_rec = dsl.record(to)?;
-        let head = to_rec.parent;
-        let head_rec = dsl.record(head)?;
-        let snap = dsl
-            .snapshots(head)
-            .into_iter()
-            .chain((head_rec.origin != 0).then_some(head_rec.origin))
-            .filter_map(|s| dsl.record(s).ok())
-            .find(|r| r.guid == t.from_guid)
-            .map(|r| r.txg);
-        let mark = head_rec
-            .bookmarks
-            .iter()
-            .find(|b| b.guid == t.from_guid)
-            .map(|b| b.txg);
-        match snap.or(mark) {
-            Some(txg) if txg < to_rec.txg => txg,
-            _ => {
-                return Err(TransferError::Refused(format!(
-                    "the token's base (guid {:#018x}) is no longer an earlier snapshot or bookmark of '{}'",
-                    t.from_guid,
-                    dsl.name_of(head)
-                )))
-            }
+    let next = key_from_hex(&t.next).expect("checked by decode");
+    // The stream the token was cut from, planned again: the token may ask for the rest of
+    // that stream and nothing else.
+    let (steps, replicate) = match &t.replicate {
+        None => {
+            let from = match t.from_guid {
+                0 => None,
+                g => Some(base_by_guid(dsl, to, g)?),
+            };
+            let opts = SendOptions {
+                from,
+                ..Default::default()
+            };
+            plan(dsl, &dsl.name_of(to), &opts)?
+        }
+        Some(r) => {
+            let opts = SendOptions {
+                from: r.from.clone(),
+                intermediates: r.intermediates,
+                compressed: t.compressed,
+                replicate: true,
+            };
+            plan(dsl, &format!("{}@{}", r.root, r.snapshot), &opts)?
         }
     };
-    let next = key_from_hex(&t.next).expect("checked by decode");
-    let mut w = Writer::new(out);
-    send_one(
+    let first = steps
+        .iter()
+        .position(|s| s.sid == to && s.from_guid == t.from_guid)
+        .filter(|p| t.replicate.is_none() || *p as u64 == t.part)
+        .ok_or_else(|| {
+            TransferError::Refused(format!(
+                "the token asks for '{}' from a base this pool's stream does not send it from",
+                t.to_name
+            ))
+        })?;
+    let steps = if t.replicate.is_some() {
+        steps
+    } else {
+        steps[first..=first].to_vec()
+    };
+    let first = if t.replicate.is_some() { first } else { 0 };
+    write_steps(
         dsl,
-        &mut w,
-        to,
-        t.from_guid,
-        from_txg,
-        t.compressed,
+        &steps,
+        first,
         next,
-        true,
+        replicate,
+        t.compressed,
+        out,
         progress,
-    )?;
-    Ok(SendSummary {
-        snapshots: vec![dsl.name_of(to)],
-        bytes: w.bytes,
-        records: w.total_records(),
-    })
+    )
 }
 
-/// One substream: snapshot `sid` against the base (`from_guid`, `from_txg`), from `next` on.
+/// The full name of the base with guid `guid` of snapshot `to`: an earlier snapshot or
+/// bookmark of its dataset, or its origin.
+fn base_by_guid(dsl: &Dsl, to: u64, guid: u64) -> Result<String, TransferError> {
+    let to_rec = dsl.record(to)?;
+    let head = to_rec.parent;
+    let head_rec = dsl.record(head)?;
+    let snap = dsl
+        .snapshots(head)
+        .into_iter()
+        .chain((head_rec.origin != 0).then_some(head_rec.origin))
+        .find(|s| {
+            dsl.record(*s)
+                .is_ok_and(|r| r.guid == guid && r.txg < to_rec.txg)
+        });
+    if let Some(s) = snap {
+        return Ok(dsl.name_of(s));
+    }
+    head_rec
+        .bookmarks
+        .iter()
+        .find(|b| b.guid == guid && b.txg < to_rec.txg)
+        .map(|b| format!("{}#{}", dsl.name_of(head), b.name))
+        .ok_or_else(|| {
+            TransferError::Refused(format!(
+                "the token's base (guid {guid:#018x}) is no longer an earlier snapshot or bookmark of '{}'",
+                dsl.name_of(head)
+            ))
+        })
+}
+
+/// One substream: `step`, from `next` on.
 #[allow(clippy::too_many_arguments)]
 fn send_one(
     dsl: &Dsl,
     w: &mut Writer<'_>,
-    sid: u64,
-    from_guid: u64,
-    from_txg: u64,
+    step: Step,
     compressed: bool,
     next: Key,
     resumed: bool,
+    plan: &Plan,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(), TransferError> {
+    let Step {
+        from_guid,
+        from_txg,
+        sid,
+    } = step;
     let rec = dsl.record(sid)?;
     let head = dsl.record(rec.parent)?;
     let os = dsl.snapshot_objset(sid)?;
@@ -305,6 +461,9 @@ fn send_one(
         props: head.props.clone(),
         compressed,
         resume_from: resumed.then(|| key_hex(&next)),
+        part: plan.part,
+        parts: plan.parts,
+        replicate: plan.replicate.clone(),
     })?;
     let mut failed: Option<TransferError> = None;
     let mut last_report = 0u64;

@@ -56,6 +56,29 @@ pub struct Begin {
     /// A resumed stream starts at this key (hex of its 17 bytes); absent from the start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_from: Option<String>,
+    /// This substream's place in its stream (0-based) and the stream's number of them, so
+    /// a stream cut between two substreams is known to be short.
+    #[serde(default)]
+    pub part: u64,
+    #[serde(default)]
+    pub parts: u64,
+    /// `send -R`: what the stream replicates; a substream's dataset keeps its place below
+    /// `root` under the receive's target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<Replicate>,
+}
+
+/// What a replication stream (`send -R`) was made of: enough to make it again, for a resume.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Replicate {
+    /// The replicated dataset's full name on the sender, and the snapshot sent.
+    pub root: String,
+    pub snapshot: String,
+    /// The base (`@name` or `#name`), if an increment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default)]
+    pub intermediates: bool,
 }
 
 /// One decoded record.
@@ -518,6 +541,9 @@ mod tests {
             props: Default::default(),
             compressed: false,
             resume_from: None,
+            part: 0,
+            parts: 1,
+            replicate: None,
         })
         .unwrap();
         let k = Key::new(1, 1, 0);

@@ -781,3 +781,145 @@ fn volumes_round_trip_with_holes() {
     let got = vol2.read(0, 64 << 20).unwrap();
     assert!(got == image, "volume contents differ");
 }
+
+#[test]
+fn replication_streams_carry_descendants_and_every_snapshot() {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed(16));
+    let a = pool();
+    let b = pool();
+    for ds in ["ptest/top", "ptest/top/child", "ptest/top/child/grand"] {
+        run(&a, create_op(ds));
+        let m = a.mount(ds).unwrap();
+        populate(&m.fs, &mut rng);
+        m.fs.sync_all().unwrap();
+        a.unmount(m);
+    }
+    run(&a, snapshot_op("ptest/top@1", true));
+    let m = a.mount("ptest/top/child").unwrap();
+    change(&m.fs, &mut rng, 2);
+    m.fs.sync_all().unwrap();
+    a.unmount(m);
+    run(&a, snapshot_op("ptest/top@2", true));
+    let full = send_bytes(
+        &a,
+        "ptest/top@2",
+        &SendOptions {
+            replicate: true,
+            ..Default::default()
+        },
+    );
+    let got = receive(&b, "ptest/copy", &full, &RecvOptions::default()).unwrap();
+    assert_eq!(got.snapshots.len(), 6, "{:?}", got.snapshots);
+    for (src, dst) in [
+        ("ptest/top", "ptest/copy"),
+        ("ptest/top/child", "ptest/copy/child"),
+        ("ptest/top/child/grand", "ptest/copy/child/grand"),
+    ] {
+        for s in ["1", "2"] {
+            assert_same(
+                &walk_snapshot(&a, &format!("{src}@{s}")),
+                &walk_snapshot(&b, &format!("{dst}@{s}")),
+                &format!("-R {src}@{s}"),
+            );
+        }
+    }
+    // An increment of the tree: a new child comes whole, the others as increments.
+    run(&a, create_op("ptest/top/new"));
+    let m = a.mount("ptest/top/new").unwrap();
+    populate(&m.fs, &mut rng);
+    m.fs.sync_all().unwrap();
+    a.unmount(m);
+    run(&a, snapshot_op("ptest/top@3", true));
+    let inc = send_bytes(
+        &a,
+        "ptest/top@3",
+        &SendOptions {
+            replicate: true,
+            from: Some("@2".into()),
+            ..Default::default()
+        },
+    );
+    // Cut between two substreams: what came is whole, and the cut is reported.
+    let mut input = &inc[..];
+    let mut r = tank_dataset::stream::Reader::new(&mut input);
+    let mut ends = Vec::new();
+    while let Some(rec) = r.next_record().unwrap() {
+        if matches!(rec, tank_dataset::stream::Record::End { .. }) {
+            ends.push(r.offset as usize);
+        }
+    }
+    assert_eq!(ends.len(), 4);
+    let e = receive(&b, "ptest/copy", &inc[..ends[1]], &RecvOptions::default()).unwrap_err();
+    assert!(e.contains("2 of the stream's 4"), "{e}");
+    // Sent again, the stream skips what is there and brings the rest.
+    let got = receive(&b, "ptest/copy", &inc, &RecvOptions::default()).unwrap();
+    assert_eq!(got.skipped.len(), 2, "{got:?}");
+    assert_eq!(got.snapshots.len(), 2, "{got:?}");
+    for (src, dst) in [
+        ("ptest/top", "ptest/copy"),
+        ("ptest/top/child", "ptest/copy/child"),
+        ("ptest/top/child/grand", "ptest/copy/child/grand"),
+        ("ptest/top/new", "ptest/copy/new"),
+    ] {
+        assert_same(
+            &walk_snapshot(&a, &format!("{src}@3")),
+            &walk_snapshot(&b, &format!("{dst}@3")),
+            &format!("-R -i {src}"),
+        );
+    }
+
+    // A replication stream cut inside a substream resumes with the token, and the rest of
+    // the stream follows.
+    for round in [4, 5] {
+        let m = a.mount("ptest/top/child/grand").unwrap();
+        change(&m.fs, &mut rng, round);
+        m.fs.sync_all().unwrap();
+        a.unmount(m);
+        run(&a, snapshot_op(&format!("ptest/top@{round}"), true));
+    }
+    let inc = send_bytes(
+        &a,
+        "ptest/top@5",
+        &SendOptions {
+            replicate: true,
+            from: Some("@3".into()),
+            intermediates: true,
+            ..Default::default()
+        },
+    );
+    // Substreams: top@4 top@5 child@4 child@5 grand@4 grand@5 new@4 new@5; cut in grand@4.
+    let mut input = &inc[..];
+    let mut r = tank_dataset::stream::Reader::new(&mut input);
+    let mut ends = Vec::new();
+    while let Some(rec) = r.next_record().unwrap() {
+        if matches!(rec, tank_dataset::stream::Record::End { .. }) {
+            ends.push(r.offset as usize);
+        }
+    }
+    assert_eq!(ends.len(), 8);
+    let cut = (ends[3] + ends[4]) / 2;
+    let resumable = RecvOptions {
+        resumable: true,
+        ..Default::default()
+    };
+    assert!(receive(&b, "ptest/copy", &inc[..cut], &resumable).is_err());
+    let grand = b.id("ptest/copy/child/grand");
+    let token = recv::resume_token(&b.dsl, grand).unwrap().expect("a token");
+    let mut rest = Vec::new();
+    let sent = send::send_resume(&a.dsl, &token, &mut rest, &mut |_| {}).unwrap();
+    assert_eq!(sent.snapshots.len(), 4, "{:?}", sent.snapshots);
+    let got = receive(&b, "ptest/copy", &rest, &resumable).unwrap();
+    assert_eq!(got.snapshots.len(), 4, "{got:?}");
+    for (src, dst) in [
+        ("ptest/top/child/grand", "ptest/copy/child/grand"),
+        ("ptest/top/new", "ptest/copy/new"),
+    ] {
+        for s in ["4", "5"] {
+            assert_same(
+                &walk_snapshot(&a, &format!("{src}@{s}")),
+                &walk_snapshot(&b, &format!("{dst}@{s}")),
+                &format!("-R resumed {src}@{s}"),
+            );
+        }
+    }
+}

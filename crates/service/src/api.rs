@@ -303,6 +303,9 @@ pub enum Request {
         /// `-c`: blocks as stored.
         #[serde(default)]
         compressed: bool,
+        /// `-R`: the descendants too, with every snapshot.
+        #[serde(default)]
+        replicate: bool,
         #[serde(default)]
         token: Option<String>,
     },
@@ -687,6 +690,9 @@ pub enum Response {
         /// `receive -F`: the datasets rolled back first, and to what.
         #[serde(default)]
         rolled_back: Vec<String>,
+        /// Snapshots of a replication stream the target had already.
+        #[serde(default)]
+        skipped: Vec<String>,
     },
     /// How many datasets and snapshots a destroy removed.
     Destroyed {

@@ -67,6 +67,7 @@ impl Service {
             from,
             intermediates,
             compressed,
+            replicate,
             token,
         } = req
         else {
@@ -80,6 +81,7 @@ impl Service {
                     from,
                     intermediates,
                     compressed,
+                    replicate,
                 };
                 send::send(&o.dsl, &snap, &opts, out, &mut progress).map_err(transfer_error)?
             }
@@ -108,6 +110,7 @@ impl Service {
             snapshots: summary.snapshots,
             bytes: summary.bytes,
             rolled_back: vec![],
+            skipped: vec![],
         })
     }
 
@@ -194,6 +197,7 @@ impl Service {
             snapshots: summary.snapshots,
             bytes: summary.bytes,
             rolled_back: summary.rolled_back,
+            skipped: summary.skipped,
         })
     }
 

@@ -40,8 +40,12 @@ pub struct SendArgs {
     /// Raw: as -c (tank datasets are not encrypted, so raw and compressed are the same).
     #[arg(short = 'w')]
     raw: bool,
+    /// Replicate: every descendant that has the snapshot too, each with all its snapshots
+    /// (or, with -i/-I, its increments); received below the target in the same places.
+    #[arg(short = 'R')]
+    replicate: bool,
     /// Resume an interrupted receive from its receive_resume_token.
-    #[arg(short = 't', value_name = "TOKEN", conflicts_with_all = ["incremental", "intermediates", "snapshot"])]
+    #[arg(short = 't', value_name = "TOKEN", conflicts_with_all = ["incremental", "intermediates", "snapshot", "replicate"])]
     token: Option<String>,
     /// Print progress on standard error.
     #[arg(short = 'v')]
@@ -294,6 +298,7 @@ pub fn send(a: SendArgs) -> Result<()> {
         from: a.intermediates.clone().or(a.incremental),
         intermediates: a.intermediates.is_some(),
         compressed: a.compressed || a.raw,
+        replicate: a.replicate,
         token: a.token,
     };
     let stdout = io::stdout().lock();
@@ -389,16 +394,18 @@ pub fn receive(a: ReceiveArgs) -> Result<()> {
     print_notes(notes);
     let resp = r?;
     if let Response::Transferred {
-        snapshots, bytes, ..
+        snapshots, skipped, ..
     } = &resp
     {
         if a.verbose {
             input.report("");
         }
+        for s in skipped {
+            println!("skipped {s} (already there)");
+        }
         for s in snapshots {
             println!("received {s}");
         }
-        let _ = bytes;
     }
     client.close()
 }
