@@ -484,12 +484,13 @@ fn send_one(
                     items,
                 } => {
                     w.leaf(&lo, &hi, &keys)?;
-                    for (k, v) in items {
-                        match &v {
-                            Value::Inline(b) => w.set_inline(&k, b)?,
+                    let values: Vec<Value> = items.iter().map(|(_, v)| v.clone()).collect();
+                    let bytes = os.send_bytes_many(&values, compressed)?;
+                    for ((k, v), (comp, bytes)) in items.iter().zip(bytes) {
+                        match v {
+                            Value::Inline(b) => w.set_inline(k, b)?,
                             Value::Block(_) => {
-                                let (comp, bytes) = os.send_bytes(&v, compressed)?;
-                                w.set_block(&k, comp.to_u8(), v.logical_len() as u32, &bytes)?;
+                                w.set_block(k, comp.to_u8(), v.logical_len() as u32, &bytes)?
                             }
                         }
                     }

@@ -1332,6 +1332,63 @@ impl ObjectSet {
         Ok((Compression::Off, self.value_bytes(v, meta)?.into_vec()))
     }
 
+    /// `send_bytes` of many values at once: every device read is started before the first
+    /// is waited for, so a cold stream keeps every device busy (a leaf's blocks at a time).
+    pub fn send_bytes_many(
+        &self,
+        values: &[Value],
+        raw: bool,
+    ) -> Result<Vec<(Compression, Vec<u8>)>, ObjectError> {
+        enum Started {
+            Done(Compression, Vec<u8>),
+            Raw(tank_block::PendingBlock),
+            Logical(CachedRead),
+        }
+        let blocks = self.cache.blocks();
+        let started: Vec<Started> = values
+            .iter()
+            .map(|v| {
+                let Value::Block(r) = v else {
+                    let (c, b) = self.send_bytes(v, raw)?;
+                    return Ok(Started::Done(c, b));
+                };
+                match r.bp() {
+                    Some(bp) if r.dirty_data().is_none() => {
+                        if raw && bp.compression != Compression::Off {
+                            Ok(Started::Raw(blocks.submit(&bp)))
+                        } else {
+                            Ok(Started::Logical(self.cache.submit(&bp, false)))
+                        }
+                    }
+                    _ => {
+                        let (c, b) = self.send_bytes(v, raw)?;
+                        Ok(Started::Done(c, b))
+                    }
+                }
+            })
+            .collect::<Result<_, ObjectError>>()?;
+        started
+            .into_iter()
+            .map(|s| {
+                Ok(match s {
+                    Started::Done(c, b) => (c, b),
+                    Started::Raw(p) => {
+                        let c = p.bp().compression;
+                        (c, blocks.complete_physical(p)?)
+                    }
+                    // A stream reads each block once: kept out of the ARC (its buffers are
+                    // then reused at once, rather than a stream's worth of new memory).
+                    Started::Logical(r) => (
+                        Compression::Off,
+                        self.cache
+                            .complete(r, false, CachePolicy::Metadata)?
+                            .into_vec(),
+                    ),
+                })
+            })
+            .collect()
+    }
+
     /// Receive: removes every item with `lo <= key < hi` (`None`: to the end) but those in
     /// `keep` (sorted) and the receive progress. Returns how many were removed. Not logged:
     /// a receive is durable when its txgs commit.

@@ -30,7 +30,8 @@ mod mounts;
 use clap::{Parser, Subcommand};
 use tank_bench::run::{
     cache as bench_cache, engine as bench, fs as fsbench, iscsi as bench_iscsi, nfs as bench_nfs,
-    plan, s3 as bench_s3, scrub as bench_scrub, smb as bench_smb, sync as bench_sync,
+    plan, s3 as bench_s3, scrub as bench_scrub, send as bench_send, smb as bench_smb,
+    sync as bench_sync,
 };
 
 /// mimalloc keeps freed memory for reuse: the data path allocates and frees buffers of 128 KiB
@@ -131,6 +132,9 @@ enum Command {
     /// The iSCSI target against Debian's tgt serving a file of the same disk: 4 KiB random
     /// reads and writes at queue depths 1 and 32, 1 MiB sequential reads and writes.
     BenchIscsi(bench_iscsi::IscsiBenchArgs),
+    /// `tank send | tank receive` between two pools on one disk against zfs-fuse's
+    /// `zfs send | zfs receive` of the same data: a full stream and a 1% increment.
+    BenchSend(bench_send::SendBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -183,6 +187,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchS3(a) => bench_s3::run(a),
         Command::BenchSmb(a) => bench_smb::run(a),
         Command::BenchIscsi(a) => bench_iscsi::run(a),
+        Command::BenchSend(a) => bench_send::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),

@@ -353,7 +353,7 @@ fn drop_cache(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn drop_caches(names: &[String]) -> Result<()> {
+pub(crate) fn drop_caches(names: &[String]) -> Result<()> {
     names.iter().try_for_each(|n| drop_cache(Path::new(n)))
 }
 
@@ -494,7 +494,7 @@ fn cpu_seconds() -> f64 {
         - crate::run::awake::spinners_cpu_seconds()
 }
 
-fn run_cmd(cmd: &str, args: &[&str]) -> Result<()> {
+pub(crate) fn run_cmd(cmd: &str, args: &[&str]) -> Result<()> {
     let out = std::process::Command::new(cmd)
         .args(args)
         .output()

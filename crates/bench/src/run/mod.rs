@@ -22,6 +22,7 @@ pub mod nfs;
 pub mod plan;
 pub mod s3;
 pub mod scrub;
+pub mod send;
 pub mod smb;
 pub mod sync;
 pub mod util;
