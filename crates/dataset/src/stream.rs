@@ -363,12 +363,33 @@ impl<'a> Reader<'a> {
         if len > PAYLOAD_MAX {
             return Err(self.damaged(format!("record of {len} bytes (at most {PAYLOAD_MAX})")));
         }
-        let mut payload = vec![0u8; len];
+        // A SET's bytes are read into a buffer of their own (no copy, no zeroing): they
+        // become the item as they are.
+        let prefix_len = match kind {
+            REC_SET_BLOCK => len.min(Key::SIZE + 5),
+            REC_SET_INLINE => len.min(Key::SIZE),
+            _ => len,
+        };
+        let mut payload = vec![0u8; prefix_len];
         self.fill(&mut payload, "record payload", false)?;
+        let rest = len - prefix_len;
+        let mut data = Vec::with_capacity(rest);
+        let got = (&mut *self.input)
+            .take(rest as u64)
+            .read_to_end(&mut data)?;
+        self.offset += got as u64;
+        if got < rest {
+            return Err(StreamError::Truncated {
+                record: self.total_records,
+                offset: self.offset,
+                what: "the input ended inside the record payload".into(),
+            });
+        }
         let mut trailer = [0u8; TRAILER_SIZE];
         self.fill(&mut trailer, "record checksum", false)?;
         self.hasher.update(&header);
         self.hasher.update(&payload);
+        self.hasher.update(&data);
         if self.hasher.digest128().to_le_bytes() != trailer {
             return Err(self.damaged(
                 "checksum mismatch (a changed, lost or reordered record, or another stream's)",
@@ -383,7 +404,7 @@ impl<'a> Reader<'a> {
         if self.seq == 0 && kind != REC_BEGIN {
             return Err(self.damaged("a substream must start with BEGIN"));
         }
-        let rec = self.decode(kind, payload)?;
+        let rec = self.decode(kind, payload, data)?;
         self.seq += 1;
         self.total_records += 1;
         if matches!(rec, Record::End { .. }) {
@@ -417,7 +438,9 @@ impl<'a> Reader<'a> {
         Ok((lo, hi))
     }
 
-    fn decode(&self, kind: u16, p: Vec<u8>) -> Result<Record, StreamError> {
+    /// Decodes a checked record: `p` its payload, but for a SET the bytes after the key
+    /// (and sizes), which come as `data`.
+    fn decode(&self, kind: u16, p: Vec<u8>, data: Vec<u8>) -> Result<Record, StreamError> {
         const RANGE: usize = 2 * Key::SIZE + 1;
         Ok(match kind {
             REC_BEGIN => {
@@ -485,10 +508,7 @@ impl<'a> Reader<'a> {
             }
             REC_SET_INLINE => {
                 let key = self.key_at(&p, 0)?;
-                Record::SetInline {
-                    key,
-                    data: p[Key::SIZE..].to_vec(),
-                }
+                Record::SetInline { key, data }
             }
             REC_SET_BLOCK => {
                 let key = self.key_at(&p, 0)?;
@@ -502,7 +522,7 @@ impl<'a> Reader<'a> {
                     key,
                     compression,
                     lsize,
-                    data: p[Key::SIZE + 5..].to_vec(),
+                    data,
                 }
             }
             REC_END => {

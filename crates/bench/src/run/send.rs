@@ -13,8 +13,8 @@
 //!   daemon running.
 //!
 //! Each run, for each system: the source's caches dropped (its pool exported and imported,
-//! or its daemon restarted, and the device file's pages dropped), the target dataset
-//! destroyed; then timed: the full stream of `@1` piped into a receive (`-u`), and the
+//! or its daemon restarted, and the device file's pages dropped; the receiving daemon runs
+//! throughout), the target dataset destroyed; then timed: the full stream of `@1` piped into a receive (`-u`), and the
 //! increment `@1 -> @2` piped into a receive. A time is the pipeline's wall time, from the
 //! start of `send` to the end of `receive` (which returns once what it received is
 //! committed). Each figure is the median of `--runs` runs; each ratio is computed per run,
@@ -56,8 +56,32 @@ pub struct SendBenchArgs {
 
 const BLOCK: u64 = 128 << 10;
 
-/// One run's figures: tank's, and zfs-fuse's when measured.
-type Row = (Times, Option<Times>);
+/// One run's figures: tank's, and zfs-fuse's when measured; and the baseline's seconds.
+type Row = (Times, Option<Times>, f64);
+
+/// The disk's own rate for the same work: `size` bytes of a file read (cold) and written to
+/// another file of the same disk, with an fsync at the end; returns the seconds.
+fn copy_baseline(src: &Path, dst: &Path) -> Result<f64> {
+    use std::io::Read;
+    drop_caches(&[src.to_string_lossy().into_owned()])?;
+    let _ = std::fs::remove_file(dst);
+    let t = Instant::now();
+    let mut input = std::fs::File::open(src)?;
+    let mut out = std::fs::File::create(dst)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = input.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+    }
+    out.sync_all()?;
+    let secs = t.elapsed().as_secs_f64();
+    drop(out);
+    std::fs::remove_file(dst)?;
+    Ok(secs)
+}
 
 /// One system's figures in one run: seconds for the full stream and for the increment.
 #[derive(Debug, Clone, Copy, Default)]
@@ -161,19 +185,24 @@ struct TankSide {
     a: PathBuf,
     b: PathBuf,
     dev_a: String,
-    daemons: Option<(Daemon, Daemon)>,
+    /// The sending host's daemon (restarted for each run: a cold source) and the receiving
+    /// host's (running throughout, as zfs-fuse's daemon does).
+    source: Option<Daemon>,
+    target: Option<Daemon>,
 }
 
 impl TankSide {
     fn start(&mut self) -> Result<()> {
-        let da = start_serve(&self.a, &["--no-api"], "\u{0}")?;
-        let db = start_serve(&self.b, &["--no-api"], "\u{0}")?;
-        self.daemons = Some((da, db));
+        if self.target.is_none() {
+            self.target = Some(start_serve(&self.b, &["--no-api"], "\u{0}")?);
+        }
+        self.source = Some(start_serve(&self.a, &["--no-api"], "\u{0}")?);
         Ok(())
     }
 
     fn stop(&mut self) {
-        self.daemons = None;
+        self.source = None;
+        self.target = None;
     }
 }
 
@@ -182,7 +211,8 @@ fn tank_setup(a: &SendBenchArgs, size: u64) -> Result<TankSide> {
         a: a.dir.join("send-tank-a"),
         b: a.dir.join("send-tank-b"),
         dev_a: String::new(),
-        daemons: None,
+        source: None,
+        target: None,
     };
     for (data, pool) in [(&side.a, "bsenda"), (&side.b, "bsendb")] {
         let _ = std::fs::remove_dir_all(data);
@@ -213,8 +243,8 @@ fn tank_setup(a: &SendBenchArgs, size: u64) -> Result<TankSide> {
 }
 
 fn tank_run(side: &mut TankSide) -> Result<Times> {
-    // A cold source: the daemons restarted, the device file's pages dropped.
-    side.stop();
+    // A cold source: its daemon restarted, the device file's pages dropped.
+    side.source = None;
     drop_caches(std::slice::from_ref(&side.dev_a))?;
     side.start()?;
     let _ = tank_cli(&side.b, &["dataset", "destroy", "-r", "bsendb/fs"], None);
@@ -327,6 +357,15 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
         a.change,
         a.runs
     );
+    let base_src = a.dir.join("send-copy-src");
+    let base_dst = a.dir.join("send-copy-dst");
+    {
+        let mut f = std::fs::File::create(&base_src)?;
+        for n in 0..size / BLOCK {
+            f.write_all(&block_bytes(99, n, 0))?;
+        }
+        f.sync_all()?;
+    }
     let mut tank = tank_setup(&a, size)?;
     let zfs = if a.no_peer {
         None
@@ -335,11 +374,13 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
     };
     let mut rows: Vec<Row> = Vec::new();
     for run in 0..a.runs {
+        let c = copy_baseline(&base_src, &base_dst)?;
         let t = tank_run(&mut tank)?;
         let z = zfs.as_ref().map(|z| zfs_run(&a, z)).transpose()?;
         println!(
-            "run {}: tank full {:.2} s, increment {:.2} s{}",
+            "run {}: disk copy {:.2} s; tank full {:.2} s, increment {:.2} s{}",
             run + 1,
+            c,
             t.full_s,
             t.inc_s,
             z.map_or(String::new(), |z| format!(
@@ -347,7 +388,7 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
                 z.full_s, z.inc_s
             ))
         );
-        rows.push((t, z));
+        rows.push((t, z, c));
     }
     tank.stop();
     let mb = |s: f64| size as f64 / s / 1e6;
@@ -365,6 +406,10 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
         med(&|r| r.0.inc_s),
         med(&|r| r.0.inc_s / r.0.full_s)
     );
+    println!(
+        "| tank / disk copy (speed) | **{:.2}** | | |",
+        med(&|r| r.2 / r.0.full_s)
+    );
     if zfs.is_some() {
         let z = |r: &Row| r.1.expect("peer measured");
         println!(
@@ -381,6 +426,7 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
         );
     }
     drop(zfs);
+    let _ = std::fs::remove_file(&base_src);
     let _ = std::fs::remove_dir_all(&tank.a);
     let _ = std::fs::remove_dir_all(&tank.b);
     Ok(())
