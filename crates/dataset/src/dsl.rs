@@ -141,6 +141,9 @@ pub struct Record {
     /// A receive into this head that has not finished (the dataset is inconsistent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recv: Option<RecvState>,
+    /// Snapshots the daemon takes and prunes on its own (`tank schedule`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<crate::autosnap::Schedule>,
 }
 
 /// A bookmark (`POOL/DS#NAME`): the guid and txg of a snapshot, enough to be the base of an
@@ -350,6 +353,11 @@ pub enum Op {
     },
     RecvAbort {
         name: String,
+    },
+    /// Sets (or, with `None`, removes) a filesystem's or volume's snapshot schedule.
+    SetSchedule {
+        name: String,
+        schedule: Option<crate::autosnap::Schedule>,
     },
 }
 
@@ -1440,6 +1448,16 @@ impl Dsl {
             Op::RecvBegin(b) => self.op_recv_begin(st, ctx, b),
             Op::RecvEnd { name } => self.op_recv_end(st, ctx, name),
             Op::RecvAbort { name } => self.op_recv_abort(st, ctx, name),
+            Op::SetSchedule { name, schedule } => {
+                let id = st.resolve(&self.pool_name(), name)?;
+                if st.rec(id)?.kind == DatasetKind::Snapshot {
+                    return Err(DslError::Invalid(format!(
+                        "'{name}' is a snapshot: a schedule is a filesystem's or volume's"
+                    )));
+                }
+                st.rec_mut(id)?.schedule = schedule.filter(|s| !s.is_empty());
+                Ok(vec![id])
+            }
         }
     }
 
@@ -1484,6 +1502,7 @@ impl Dsl {
             guid: new_guid(),
             bookmarks: vec![],
             recv: None,
+            schedule: None,
         };
         st.records.insert(ROOT_ID, rec);
         st.dirty_records.insert(ROOT_ID);
@@ -1563,6 +1582,7 @@ impl Dsl {
             guid: new_guid(),
             bookmarks: vec![],
             recv: None,
+            schedule: None,
         };
         st.records.insert(id, rec);
         st.dirty_records.insert(id);
@@ -1722,6 +1742,7 @@ impl Dsl {
                 guid: new_guid(),
                 bookmarks: vec![],
                 recv: None,
+                schedule: None,
             };
             st.records.insert(id, rec);
             st.dirty_records.insert(id);
@@ -2107,6 +2128,7 @@ impl Dsl {
             guid: new_guid(),
             bookmarks: vec![],
             recv: None,
+            schedule: None,
         };
         st.records.insert(id, rec);
         st.dirty_records.insert(id);

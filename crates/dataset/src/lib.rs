@@ -8,11 +8,13 @@
 //! - `posix/`: the filesystem on one object set; `hooks.rs` feeds it the dataset's
 //!   properties and space.
 //! - `zvol.rs`: volumes.
+//! - `autosnap.rs`: snapshot schedules with retention (what is due, what has aged out).
 //! - `stream.rs`, `send.rs`, `recv.rs` (and `dsl/sendrecv.rs`): send streams, bookmarks and
 //!   receive.
 //! - `scan.rs`: the snapshot trees the scrub walks, and names for its error log.
 //! - `errno.rs`: the POSIX error type.
 
+pub mod autosnap;
 pub mod dsl;
 pub mod errno;
 pub mod hooks;

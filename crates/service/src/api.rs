@@ -330,6 +330,15 @@ pub enum Request {
     ReceiveAbort {
         dataset: String,
     },
+    /// Sets (or, with no schedule, removes) a dataset's snapshot schedule.
+    ScheduleSet {
+        dataset: String,
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        schedule: Option<tank_dataset::autosnap::Schedule>,
+    },
+    /// Every dataset's schedule and its snapshots.
+    ScheduleList,
     /// `tank bookmark POOL/DS@SNAP POOL/DS#MARK`.
     Bookmark {
         snapshot: String,
@@ -630,6 +639,18 @@ pub struct NewToken {
     pub token: String,
 }
 
+/// A dataset's snapshot schedule, and what it has taken.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ScheduleInfo {
+    pub dataset: String,
+    #[schema(value_type = Object)]
+    pub schedule: tank_dataset::autosnap::Schedule,
+    /// Per period (hourly, daily, weekly, monthly): the snapshots kept now.
+    #[schema(value_type = Vec<Vec<String>>)]
+    pub kept: Vec<(String, usize)>,
+    pub newest: Option<String>,
+}
+
 /// Every response.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", content = "data", rename_all = "snake_case")]
@@ -683,6 +704,7 @@ pub enum Response {
     },
     /// Datasets made (a create with parents, a clone, snapshots).
     DatasetNames(Vec<String>),
+    Schedules(Vec<ScheduleInfo>),
     /// What a send wrote or a receive took.
     Transferred {
         snapshots: Vec<String>,

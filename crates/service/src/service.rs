@@ -72,6 +72,10 @@ pub struct Service {
     pool_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// The runner of `dataset_bench`, installed by the program (it lives above this crate).
     benchmark: OnceLock<Arc<dyn crate::jobs::Benchmark>>,
+    /// The length of a schedule's hour in seconds (3600; shorter only to try schedules out).
+    pub(crate) schedule_hour_secs: std::sync::atomic::AtomicU64,
+    /// Since when (seconds since 1970, f64 bits) the schedules' clock runs at that rate.
+    pub(crate) schedule_origin: std::sync::atomic::AtomicU64,
 }
 
 impl Service {
@@ -88,6 +92,8 @@ impl Service {
             jobs: Jobs::default(),
             pool_locks: Mutex::new(HashMap::new()),
             benchmark: OnceLock::new(),
+            schedule_hour_secs: std::sync::atomic::AtomicU64::new(3600),
+            schedule_origin: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -217,6 +223,7 @@ impl Service {
             | R::DatasetList { .. }
             | R::MountList
             | R::ShareList
+            | R::ScheduleList
             | R::JobList
             | R::JobGet { .. }
             | R::CacheStats
@@ -299,6 +306,7 @@ impl Service {
             R::Send { .. } | R::Receive { .. } | R::ReceiveAbort { .. } | R::Bookmark { .. } => {
                 self.stream_request(ctx, req)
             }
+            R::ScheduleSet { .. } | R::ScheduleList => self.schedule_request(ctx, req),
             R::UserAdd { .. }
             | R::UserPasswd { .. }
             | R::UserSet { .. }

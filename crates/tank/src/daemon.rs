@@ -127,6 +127,10 @@ pub struct ServeArgs {
         requires = "s3"
     )]
     pub s3_lifecycle_day: u64,
+    /// The length of a snapshot schedule's hour, in seconds (3600; shorter only to try
+    /// schedules out)
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600, hide = true)]
+    pub schedule_hour: u64,
     /// Also accept S3 requests signed with Signature Version 2, for old clients (it has no
     /// clock-skew check: a captured request can be replayed until it expires)
     #[arg(long, requires = "s3")]
@@ -559,6 +563,23 @@ pub fn run(a: ServeArgs) -> Result<()> {
         "listening on {} (stop with Ctrl-C or SIGTERM)",
         sock.display()
     );
+    {
+        // Snapshot schedules: checked a few times per schedule hour (every minute at most).
+        svc.set_schedule_hour(a.schedule_hour);
+        let svc = svc.clone();
+        let tick =
+            std::time::Duration::from_millis((a.schedule_hour.max(1) * 1000 / 8).min(60_000));
+        std::thread::spawn(move || loop {
+            for line in svc.run_schedules() {
+                if line.starts_with("warning:") {
+                    say_err!("{line}");
+                } else {
+                    say!("{line}");
+                }
+            }
+            std::thread::sleep(tick);
+        });
+    }
     {
         let svc = svc.clone();
         std::thread::spawn(move || {

@@ -20,6 +20,7 @@ mod cmd_bench;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
+mod cmd_schedule;
 mod cmd_share;
 mod cmd_stream;
 mod daemon;
@@ -89,6 +90,10 @@ enum Command {
     Receive(cmd_stream::ReceiveArgs),
     /// Keep a snapshot's place as an incremental base: POOL/DS@SNAP POOL/DS#MARK.
     Bookmark(cmd_stream::BookmarkArgs),
+    /// Snapshot schedules with retention (hourly, daily, weekly, monthly), run by the
+    /// daemon: add, list, remove.
+    #[command(subcommand)]
+    Schedule(cmd_schedule::ScheduleCmd),
     /// Create a writable clone of a snapshot.
     Clone(cmd_dataset::CloneArgs),
     /// Mount a filesystem dataset with FUSE (in the daemon, or in the foreground without one).
@@ -170,6 +175,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Send(a) => cmd_stream::send(a),
         Command::Receive(a) => cmd_stream::receive(a),
         Command::Bookmark(a) => cmd_stream::bookmark(a),
+        Command::Schedule(c) => cmd_schedule::run(c),
         Command::Clone(a) => cmd_dataset::clone(a),
         Command::Mount(a) => mounts::run_mount(a),
         Command::Unmount(a) => mounts::run_unmount(a),
