@@ -400,6 +400,11 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
     );
     println!("|---|---|---|---|");
     println!(
+        "| the same bytes copied file to file on the disk | {:.0} MB/s ({:.2} s) | | |",
+        med(&|r| mb(r.2)),
+        med(&|r| r.2)
+    );
+    println!(
         "| tank | {:.0} MB/s ({:.2} s) | {:.2} s | {:.3} |",
         med(&|r| mb(r.0.full_s)),
         med(&|r| r.0.full_s),
