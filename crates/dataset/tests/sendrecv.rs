@@ -303,6 +303,37 @@ fn snapshots(p: &DsPool, ds: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Two pools; on the first, `ptest/src` populated and snapshotted `@1`, then changed and
+/// snapshotted once per round up to `@last`. The source stays mounted.
+fn source(seed_default: u64, last: usize) -> (DsPool, DsPool, Mounted, ChaCha8Rng) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed(seed_default));
+    let a = pool();
+    let b = pool();
+    run(&a, create_op("ptest/src"));
+    let m = a.mount("ptest/src").unwrap();
+    populate(&m.fs, &mut rng);
+    m.fs.sync_all().unwrap();
+    snapshot(&a, "ptest/src@1");
+    for round in 2..=last {
+        change(&m.fs, &mut rng, round);
+        m.fs.sync_all().unwrap();
+        snapshot(&a, &format!("ptest/src@{round}"));
+    }
+    (a, b, m, rng)
+}
+
+/// The increment of `ptest/src` from `@from` to `@to`.
+fn increment(a: &DsPool, from: usize, to: usize) -> Vec<u8> {
+    send_bytes(
+        a,
+        &format!("ptest/src@{to}"),
+        &SendOptions {
+            from: Some(format!("@{from}")),
+            ..Default::default()
+        },
+    )
+}
+
 #[test]
 fn full_incremental_chains_and_bookmarks_round_trip() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed(11));
@@ -354,14 +385,7 @@ fn full_incremental_chains_and_bookmarks_round_trip() {
     change(&m.fs, &mut rng, 2);
     m.fs.sync_all().unwrap();
     snapshot(&a, "ptest/src@2");
-    let inc = send_bytes(
-        &a,
-        "ptest/src@2",
-        &SendOptions {
-            from: Some("@1".into()),
-            ..Default::default()
-        },
-    );
+    let inc = increment(&a, 1, 2);
     assert!(
         inc.len() < full.len() / 2,
         "increment {} vs full {}",
@@ -452,36 +476,10 @@ fn full_incremental_chains_and_bookmarks_round_trip() {
 
 #[test]
 fn damaged_misdirected_and_modified_targets_are_refused_unchanged() {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed(12));
-    let a = pool();
-    let b = pool();
-    run(&a, create_op("ptest/src"));
-    let m = a.mount("ptest/src").unwrap();
-    populate(&m.fs, &mut rng);
-    m.fs.sync_all().unwrap();
-    snapshot(&a, "ptest/src@1");
-    for round in 2..4 {
-        change(&m.fs, &mut rng, round);
-        m.fs.sync_all().unwrap();
-        snapshot(&a, &format!("ptest/src@{round}"));
-    }
+    let (a, b, m, mut rng) = source(12, 3);
     let full = send_bytes(&a, "ptest/src@1", &SendOptions::default());
-    let inc12 = send_bytes(
-        &a,
-        "ptest/src@2",
-        &SendOptions {
-            from: Some("@1".into()),
-            ..Default::default()
-        },
-    );
-    let inc23 = send_bytes(
-        &a,
-        "ptest/src@3",
-        &SendOptions {
-            from: Some("@2".into()),
-            ..Default::default()
-        },
-    );
+    let inc12 = increment(&a, 1, 2);
+    let inc23 = increment(&a, 2, 3);
 
     // Damaged full streams create nothing.
     for i in 0..12 {
@@ -572,30 +570,13 @@ fn damaged_misdirected_and_modified_targets_are_refused_unchanged() {
 
 #[test]
 fn resumable_receives_cut_anywhere_finish_with_the_token() {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed(13));
-    let a = pool();
-    let b = pool();
-    run(&a, create_op("ptest/src"));
-    let m = a.mount("ptest/src").unwrap();
-    populate(&m.fs, &mut rng);
-    m.fs.sync_all().unwrap();
-    snapshot(&a, "ptest/src@1");
-    change(&m.fs, &mut rng, 2);
-    m.fs.sync_all().unwrap();
-    snapshot(&a, "ptest/src@2");
+    let (a, b, m, mut rng) = source(13, 2);
     let resumable = RecvOptions {
         resumable: true,
         ..Default::default()
     };
     let full = send_bytes(&a, "ptest/src@1", &SendOptions::default());
-    let inc = send_bytes(
-        &a,
-        "ptest/src@2",
-        &SendOptions {
-            from: Some("@1".into()),
-            ..Default::default()
-        },
-    );
+    let inc = increment(&a, 1, 2);
     for (round, (stream, target_snap, source_snap)) in [
         (&full, "ptest/dst@1", "ptest/src@1"),
         (&inc, "ptest/dst@2", "ptest/src@2"),
@@ -643,14 +624,7 @@ fn resumable_receives_cut_anywhere_finish_with_the_token() {
     change(&m.fs, &mut rng, 3);
     m.fs.sync_all().unwrap();
     snapshot(&a, "ptest/src@3");
-    let inc3 = send_bytes(
-        &a,
-        "ptest/src@3",
-        &SendOptions {
-            from: Some("@2".into()),
-            ..Default::default()
-        },
-    );
+    let inc3 = increment(&a, 2, 3);
     assert!(receive(&b, "ptest/dst", &inc3[..inc3.len() / 2], &resumable).is_err());
     recv::abort(&b.dsl, "ptest/dst").unwrap();
     assert!(b.dsl.record(b.id("ptest/dst")).unwrap().recv.is_none());
@@ -681,26 +655,9 @@ impl std::io::Read for PanicReader<'_> {
 
 #[test]
 fn a_pool_opened_after_an_interrupted_receive_is_as_before_it() {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed(14));
-    let a = pool();
-    let b = pool();
-    run(&a, create_op("ptest/src"));
-    let m = a.mount("ptest/src").unwrap();
-    populate(&m.fs, &mut rng);
-    m.fs.sync_all().unwrap();
-    snapshot(&a, "ptest/src@1");
-    change(&m.fs, &mut rng, 2);
-    m.fs.sync_all().unwrap();
-    snapshot(&a, "ptest/src@2");
+    let (a, b, m, _) = source(14, 2);
     let full = send_bytes(&a, "ptest/src@1", &SendOptions::default());
-    let inc = send_bytes(
-        &a,
-        "ptest/src@2",
-        &SendOptions {
-            from: Some("@1".into()),
-            ..Default::default()
-        },
-    );
+    let inc = increment(&a, 1, 2);
     receive(&b, "ptest/dst", &full, &RecvOptions::default()).unwrap();
     // Half an increment applied, then the receiving process dies (the reader panics where
     // a kill would stop it): nothing cleans up but the next open.
@@ -782,6 +739,19 @@ fn volumes_round_trip_with_holes() {
     assert!(got == image, "volume contents differ");
 }
 
+/// Where each substream of a stream ends (the byte after its END).
+fn substream_ends(stream: &[u8]) -> Vec<usize> {
+    let mut input = stream;
+    let mut r = tank_dataset::stream::Reader::new(&mut input);
+    let mut ends = Vec::new();
+    while let Some(rec) = r.next_record().unwrap() {
+        if matches!(rec, tank_dataset::stream::Record::End { .. }) {
+            ends.push(r.offset as usize);
+        }
+    }
+    ends
+}
+
 #[test]
 fn replication_streams_carry_descendants_and_every_snapshot() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed(16));
@@ -840,14 +810,7 @@ fn replication_streams_carry_descendants_and_every_snapshot() {
         },
     );
     // Cut between two substreams: what came is whole, and the cut is reported.
-    let mut input = &inc[..];
-    let mut r = tank_dataset::stream::Reader::new(&mut input);
-    let mut ends = Vec::new();
-    while let Some(rec) = r.next_record().unwrap() {
-        if matches!(rec, tank_dataset::stream::Record::End { .. }) {
-            ends.push(r.offset as usize);
-        }
-    }
+    let ends = substream_ends(&inc);
     assert_eq!(ends.len(), 4);
     let e = receive(&b, "ptest/copy", &inc[..ends[1]], &RecvOptions::default()).unwrap_err();
     assert!(e.contains("2 of the stream's 4"), "{e}");
@@ -888,14 +851,7 @@ fn replication_streams_carry_descendants_and_every_snapshot() {
         },
     );
     // Substreams: top@4 top@5 child@4 child@5 grand@4 grand@5 new@4 new@5; cut in grand@4.
-    let mut input = &inc[..];
-    let mut r = tank_dataset::stream::Reader::new(&mut input);
-    let mut ends = Vec::new();
-    while let Some(rec) = r.next_record().unwrap() {
-        if matches!(rec, tank_dataset::stream::Record::End { .. }) {
-            ends.push(r.offset as usize);
-        }
-    }
+    let ends = substream_ends(&inc);
     assert_eq!(ends.len(), 8);
     let cut = (ends[3] + ends[4]) / 2;
     let resumable = RecvOptions {

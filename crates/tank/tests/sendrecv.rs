@@ -296,6 +296,38 @@ fn start_sshd(dir: &Path) -> Result<Sshd, String> {
     })
 }
 
+/// `tank send ARGS` on `data` into a file; returns the stream's bytes.
+fn send_to_file(data: &Path, args: &[&str], file: &Path) -> Vec<u8> {
+    let st = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .arg("send")
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdout(std::fs::File::create(file).unwrap())
+        .status()
+        .unwrap();
+    assert!(st.success(), "tank send {args:?}");
+    std::fs::read(file).unwrap()
+}
+
+/// `tank receive ARGS` on `data`, fed the first half of `stream`; returns the running
+/// command and its input (still open) two seconds later, for a kill.
+fn receive_half(data: &Path, args: &[&str], stream: &[u8]) -> (Child, std::process::ChildStdin) {
+    let mut r = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .arg("receive")
+        .args(args)
+        .env("TANK_DATA_DIR", data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = r.stdin.take().unwrap();
+    input.write_all(&stream[..stream.len() / 2]).unwrap();
+    input.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    (r, input)
+}
+
 #[test]
 fn send_and_receive_between_hosts_through_pipes_and_ssh() {
     if let Some(why) = common::fuse_missing() {
@@ -358,13 +390,7 @@ fn send_and_receive_between_hosts_through_pipes_and_ssh() {
 
     // A stream for another base is refused, and the target is unchanged.
     let stream = t.path().join("s12");
-    let out = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["send", "-i", "@1", "pa/src@2"])
-        .env("TANK_DATA_DIR", &a)
-        .stdout(std::fs::File::create(&stream).unwrap())
-        .status()
-        .unwrap();
-    assert!(out.success());
+    send_to_file(&a, &["-i", "@1", "pa/src@2"], &stream);
     let r = Command::new(env!("CARGO_BIN_EXE_tank"))
         .args(["receive", "pb/dst"])
         .env("TANK_DATA_DIR", &b)
@@ -442,27 +468,9 @@ fn send_and_receive_between_hosts_through_pipes_and_ssh() {
     change(&ma, 4);
     snapshot(&a, "pa/src@4");
     let s34 = t.path().join("s34");
-    let st = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["send", "-i", "@3", "pa/src@4"])
-        .env("TANK_DATA_DIR", &a)
-        .stdout(std::fs::File::create(&s34).unwrap())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let bytes = send_to_file(&a, &["-i", "@3", "pa/src@4"], &s34);
     let before = walk(&mb);
-    let bytes = std::fs::read(&s34).unwrap();
-    let mut r = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["receive", "pb/dst"])
-        .env("TANK_DATA_DIR", &b)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut input = r.stdin.take().unwrap();
-    input.write_all(&bytes[..bytes.len() / 2]).unwrap();
-    input.flush().unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    let (mut r, input) = receive_half(&b, &["pb/dst"], &bytes);
     kill9(db);
     drop(input);
     let _ = r.wait();
@@ -524,26 +532,8 @@ fn send_and_receive_between_hosts_through_pipes_and_ssh() {
     // Killed midway without a daemon: the receiving command itself.
     drop(db);
     let full = t.path().join("full");
-    let st = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["send", "pa/src@4"])
-        .env("TANK_DATA_DIR", &a)
-        .stdout(std::fs::File::create(&full).unwrap())
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let bytes = std::fs::read(&full).unwrap();
-    let mut r = Command::new(env!("CARGO_BIN_EXE_tank"))
-        .args(["receive", "-u", "pb/half"])
-        .env("TANK_DATA_DIR", &b)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut input = r.stdin.take().unwrap();
-    input.write_all(&bytes[..bytes.len() / 2]).unwrap();
-    input.flush().unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    let bytes = send_to_file(&a, &["pa/src@4"], &full);
+    let (mut r, input) = receive_half(&b, &["-u", "pb/half"], &bytes);
     let _ = r.kill();
     let _ = r.wait();
     drop(input);

@@ -223,19 +223,24 @@ impl Dsl {
         Ok(vec![id])
     }
 
+    /// The head `name` and its receive in progress.
+    fn receiving(&self, st: &State, name: &str) -> Res<(u64, RecvState)> {
+        let id = st.resolve(&self.pool_name(), name)?;
+        let state = st
+            .rec(id)?
+            .recv
+            .clone()
+            .ok_or_else(|| DslError::Invalid(format!("'{name}' has no receive in progress")))?;
+        Ok((id, state))
+    }
+
     pub(super) fn op_recv_end(
         &self,
         st: &mut State,
         ctx: &HookContext<'_>,
         name: &str,
     ) -> Res<Vec<u64>> {
-        let pool = self.pool_name();
-        let id = st.resolve(&pool, name)?;
-        let state = st
-            .rec(id)?
-            .recv
-            .clone()
-            .ok_or_else(|| DslError::Invalid(format!("'{name}' has no receive in progress")))?;
+        let (id, state) = self.receiving(st, name)?;
         let snap = format!("{name}@{}", state.snapshot);
         let sid = *self
             .op_snapshot(st, ctx, &[snap], false)?
@@ -255,12 +260,7 @@ impl Dsl {
         name: &str,
     ) -> Res<Vec<u64>> {
         let pool = self.pool_name();
-        let id = st.resolve(&pool, name)?;
-        let state = st
-            .rec(id)?
-            .recv
-            .clone()
-            .ok_or_else(|| DslError::Invalid(format!("'{name}' has no receive in progress")))?;
+        let (id, state) = self.receiving(st, name)?;
         if state.created {
             return self.op_destroy(st, ctx, name, false, false);
         }
