@@ -359,6 +359,14 @@ fn full_incremental_chains_and_bookmarks_round_trip() {
         b.dsl.record(b.id("ptest/dst@1")).unwrap().guid,
         "a received snapshot keeps its guid"
     );
+    // The estimate (send -n) is the stream's size but for the BEGIN record's JSON.
+    let est = send::estimate(&a.dsl, "ptest/src@1", &SendOptions::default()).unwrap();
+    assert!(
+        est.bytes.abs_diff(full.len() as u64) < 512,
+        "estimate {} for {}",
+        est.bytes,
+        full.len()
+    );
     // Compressed: the same result from a smaller stream.
     let compressed = send_bytes(
         &a,
@@ -391,6 +399,21 @@ fn full_incremental_chains_and_bookmarks_round_trip() {
         "increment {} vs full {}",
         inc.len(),
         full.len()
+    );
+    let est = send::estimate(
+        &a.dsl,
+        "ptest/src@2",
+        &SendOptions {
+            from: Some("@1".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        est.bytes.abs_diff(inc.len() as u64) < 512,
+        "estimate {} for {}",
+        est.bytes,
+        inc.len()
     );
     receive(&b, "ptest/dst", &inc, &RecvOptions::default()).unwrap();
     assert_same(

@@ -308,6 +308,10 @@ pub enum Request {
         replicate: bool,
         #[serde(default)]
         token: Option<String>,
+        /// `-n`: no stream, only what it would be (snapshots, estimated bytes); answered
+        /// by `handle` like any request.
+        #[serde(default)]
+        dry_run: bool,
     },
     /// A stream into a dataset (`tank receive`), read from the connection after the request
     /// (see `Service::receive_stream`).

@@ -69,6 +69,7 @@ impl Service {
             compressed,
             replicate,
             token,
+            dry_run: _,
         } = req
         else {
             return Err(ServiceError::BadRequest("not a send request".into()));
@@ -222,6 +223,30 @@ impl Service {
                     .map_err(|e| ServiceError::from_anyhow(&e.into()))?;
                 o.pool.log_history(&ctx.command);
                 Ok(Response::DatasetNames(vec![bookmark]))
+            }
+            Request::Send {
+                snapshot: Some(snap),
+                from,
+                intermediates,
+                compressed,
+                replicate,
+                token: None,
+                dry_run: true,
+            } => {
+                let o = self.open_pool(pool_of(&snap), ctx)?;
+                let opts = SendOptions {
+                    from,
+                    intermediates,
+                    compressed,
+                    replicate,
+                };
+                let est = send::estimate(&o.dsl, &snap, &opts).map_err(transfer_error)?;
+                Ok(Response::Transferred {
+                    snapshots: est.snapshots,
+                    bytes: est.bytes,
+                    rolled_back: vec![],
+                    skipped: vec![],
+                })
             }
             Request::Send { .. } | Request::Receive { .. } => Err(ServiceError::BadRequest(
                 "send and receive carry a stream: they go through the stream entry points (tank send, tank receive)".into(),

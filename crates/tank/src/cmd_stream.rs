@@ -47,9 +47,16 @@ pub struct SendArgs {
     /// Resume an interrupted receive from its receive_resume_token.
     #[arg(short = 't', value_name = "TOKEN", conflicts_with_all = ["incremental", "intermediates", "snapshot", "replicate"])]
     token: Option<String>,
-    /// Print progress on standard error.
+    /// Print progress on standard error: bytes, rate, and the time left against the
+    /// stream's estimated size.
     #[arg(short = 'v')]
     verbose: bool,
+    /// Dry run: send nothing; say which snapshots would go and the stream's estimated size.
+    #[arg(short = 'n', conflicts_with = "token")]
+    dry_run: bool,
+    /// With -n: the size as a bare number of bytes ("size\tBYTES").
+    #[arg(short = 'P', requires = "dry_run")]
+    parsable: bool,
     /// The snapshot to send (POOL/DS@SNAP).
     #[arg(required_unless_present = "token")]
     snapshot: Option<String>,
@@ -92,6 +99,8 @@ pub struct BookmarkArgs {
 struct Meter<T> {
     inner: T,
     bytes: u64,
+    /// The expected bytes, for the time left.
+    total: Option<u64>,
     start: Instant,
     last: Instant,
     verbose: bool,
@@ -104,6 +113,7 @@ impl<T> Meter<T> {
         Meter {
             inner,
             bytes: 0,
+            total: None,
             start: now,
             last: now,
             verbose,
@@ -121,12 +131,19 @@ impl<T> Meter<T> {
 
     fn report(&self, end: &str) {
         let secs = self.start.elapsed().as_secs_f64().max(1e-3);
+        let rate = self.bytes as f64 / secs;
+        let left = match self.total {
+            Some(t) if rate > 0.0 && t > self.bytes => {
+                format!(", {:.0} s left", (t - self.bytes) as f64 / rate)
+            }
+            _ => String::new(),
+        };
         eprintln!(
-            "{} {} in {:.1} s ({}/s){end}",
+            "{} {} in {:.1} s ({}/s{left}){end}",
             self.verb,
             human_bytes(self.bytes),
             secs,
-            human_bytes((self.bytes as f64 / secs) as u64)
+            human_bytes(rate as u64)
         );
     }
 }
@@ -290,6 +307,44 @@ fn send_request(stream: &mut std::os::unix::net::UnixStream, request: Request) -
 }
 
 pub fn send(a: SendArgs) -> Result<()> {
+    let estimate = |a: &SendArgs| -> Result<(Vec<String>, u64)> {
+        match crate::client::call(Request::Send {
+            snapshot: a.snapshot.clone(),
+            from: a.intermediates.clone().or(a.incremental.clone()),
+            intermediates: a.intermediates.is_some(),
+            compressed: a.compressed || a.raw,
+            replicate: a.replicate,
+            token: None,
+            dry_run: true,
+        })? {
+            Response::Transferred {
+                snapshots, bytes, ..
+            } => Ok((snapshots, bytes)),
+            r => Err(crate::client::unexpected(r)),
+        }
+    };
+    if a.dry_run {
+        let (snapshots, bytes) = estimate(&a)?;
+        if a.parsable {
+            for s in &snapshots {
+                println!("snapshot\t{s}");
+            }
+            println!("size\t{bytes}");
+        } else {
+            for s in &snapshots {
+                println!("would send {s}");
+            }
+            println!("total estimated size is {}", human_bytes(bytes));
+        }
+        return Ok(());
+    }
+    let total = if a.verbose && a.token.is_none() {
+        let (_, bytes) = estimate(&a)?;
+        eprintln!("total estimated size is {}", human_bytes(bytes));
+        Some(bytes)
+    } else {
+        None
+    };
     if io::stdout().is_terminal() {
         bail!("refusing to write a stream to a terminal: redirect standard output (tank send ... > FILE, or | tank receive ...)");
     }
@@ -300,6 +355,7 @@ pub fn send(a: SendArgs) -> Result<()> {
         compressed: a.compressed || a.raw,
         replicate: a.replicate,
         token: a.token,
+        dry_run: false,
     };
     let stdout = io::stdout().lock();
     let mut out = Meter::new(
@@ -307,6 +363,7 @@ pub fn send(a: SendArgs) -> Result<()> {
         a.verbose,
         "sent",
     );
+    out.total = total;
     let client = Client::connect()?;
     let (r, notes) = match &client {
         Client::Local(svc) => {
@@ -334,6 +391,8 @@ pub fn send(a: SendArgs) -> Result<()> {
     print_notes(notes);
     let resp = r?;
     if a.verbose {
+        // Done: the rate, and no time left to guess.
+        out.total = None;
         out.report("");
     }
     if let Response::Transferred { snapshots, .. } = &resp {

@@ -229,7 +229,10 @@ fn serve_connection(stream: UnixStream, svc: &Service) -> Result<()> {
             match parse_envelope(line.trim_end()) {
                 Err(reply) => *reply,
                 Ok(env)
-                    if matches!(env.request, Request::Send { .. } | Request::Receive { .. }) =>
+                    if matches!(
+                        env.request,
+                        Request::Send { dry_run: false, .. } | Request::Receive { .. }
+                    ) =>
                 {
                     // A stream follows (receive) or comes back (send), in frames; the
                     // connection carries nothing after it.

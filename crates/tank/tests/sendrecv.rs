@@ -390,7 +390,20 @@ fn send_and_receive_between_hosts_through_pipes_and_ssh() {
 
     // A stream for another base is refused, and the target is unchanged.
     let stream = t.path().join("s12");
-    send_to_file(&a, &["-i", "@1", "pa/src@2"], &stream);
+    let bytes = send_to_file(&a, &["-i", "@1", "pa/src@2"], &stream);
+    // The dry run's estimate is the stream's size but for the BEGIN record's JSON.
+    let est = tank(&a, &["send", "-n", "-P", "-i", "@1", "pa/src@2"]);
+    let size: u64 = est
+        .lines()
+        .find_map(|l| l.strip_prefix("size\t"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size in {est}"));
+    assert!(
+        size.abs_diff(bytes.len() as u64) < 512,
+        "estimate {size} for {}",
+        bytes.len()
+    );
+    assert!(est.contains("snapshot\tpa/src@2"), "{est}");
     let r = Command::new(env!("CARGO_BIN_EXE_tank"))
         .args(["receive", "pb/dst"])
         .env("TANK_DATA_DIR", &b)
