@@ -1108,7 +1108,16 @@ impl Dsl {
         let pool = self.pool_name();
         let avail = self.available(id);
         let mounted = self.holds.lock().get(&id).cloned();
-        let token = crate::recv::resume_token(self, id).ok().flatten();
+        // Only a head with an unfinished receive has a token (and reads its progress item).
+        let receiving = self
+            .state
+            .lock()
+            .records
+            .get(&id)
+            .is_some_and(|r| r.recv.is_some());
+        let token = receiving
+            .then(|| crate::recv::resume_token(self, id).ok().flatten())
+            .flatten();
         let st = self.state.lock();
         let r = st.rec(id)?.clone();
         let mut out = Vec::new();

@@ -122,20 +122,16 @@ fn walk_fs(fs: &Fs) -> Walk {
 /// target refuses an increment without -F, as ZFS's does).
 fn walk_head(p: &DsPool, name: &str) -> Walk {
     let id = p.id(name);
-    let objset = p.dsl.objset(id).unwrap();
-    let hooks = Arc::new(DsHooks {
-        dsl: p.dsl.clone(),
-        id,
-        snapshot: true,
-    });
-    let fs = Fs::mount(p.store.clone(), objset, hooks, (0, 0)).unwrap();
-    walk_fs(&fs)
+    walk_read_only(p, id, p.dsl.objset(id).unwrap())
 }
 
 /// A snapshot walked read-only (so nothing, not even an access time, changes).
 fn walk_snapshot(p: &DsPool, name: &str) -> Walk {
     let id = p.id(name);
-    let objset = p.dsl.snapshot_objset(id).unwrap();
+    walk_read_only(p, id, p.dsl.snapshot_objset(id).unwrap())
+}
+
+fn walk_read_only(p: &DsPool, id: u64, objset: Arc<tank_object::ObjectSet>) -> Walk {
     let hooks = Arc::new(DsHooks {
         dsl: p.dsl.clone(),
         id,

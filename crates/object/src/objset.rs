@@ -1251,22 +1251,39 @@ impl ObjectSet {
         self.remove_range(key(obj, KIND_DATA, first), key(obj, KIND_DATA + 1, 0))
     }
 
-    /// Removes every item with `start <= key < end`, in batches; returns the logical bytes
-    /// they held.
-    fn remove_range(&self, start: Key, end: Key) -> Result<u64, ObjectError> {
+    /// Removes every item with `start <= key < end` but those `keep` says to keep, in
+    /// batches; returns the logical bytes they held.
+    fn remove_range_but(
+        &self,
+        start: Key,
+        end: Key,
+        keep: &dyn Fn(&Key) -> bool,
+    ) -> Result<u64, ObjectError> {
+        let mut start = start;
         let mut removed = 0;
         loop {
             let items = self
                 .tree
                 .lock()
                 .range(&self.store(), &start, &end, TRUNCATE_BATCH)?;
-            if items.is_empty() {
+            let Some(next) = items.last().map(|(k, _)| k.successor()) else {
                 return Ok(removed);
-            }
+            };
             for (k, _) in items {
-                removed += self.tree_remove(&k)?;
+                if !keep(&k) {
+                    removed += self.tree_remove(&k)?;
+                }
+            }
+            match next {
+                Some(n) => start = n,
+                None => return Ok(removed),
             }
         }
+    }
+
+    /// Removes every item with `start <= key < end`; returns the logical bytes they held.
+    fn remove_range(&self, start: Key, end: Key) -> Result<u64, ObjectError> {
+        self.remove_range_but(start, end, &|_| false)
     }
 
     /// Frees an object and all its blocks and items.
@@ -1390,7 +1407,7 @@ impl ObjectSet {
     }
 
     /// Receive: removes every item with `lo <= key < hi` (`None`: to the end) but those in
-    /// `keep` (sorted) and the receive progress. Returns how many were removed. Not logged:
+    /// `keep` (sorted) and the receive progress. Not logged:
     /// a receive is durable when its txgs commit.
     pub fn recv_clear(
         &self,
@@ -1398,33 +1415,14 @@ impl ObjectSet {
         lo: Key,
         hi: Option<Key>,
         keep: &[Key],
-    ) -> Result<u64, ObjectError> {
+    ) -> Result<(), ObjectError> {
         self.open_context()?;
         let _w = self.write_lock.lock();
-        let end = hi.unwrap_or(Key::MAX);
-        let mut start = lo;
-        let mut removed = 0;
-        loop {
-            let items = self
-                .tree
-                .lock()
-                .range(&self.store(), &start, &end, TRUNCATE_BATCH)?;
-            let Some((last, _)) = items.last() else {
-                return Ok(removed);
-            };
-            let next = last.successor();
-            for (k, _) in items {
-                let progress = k.obj == 0 && k.kind == KIND_RECV;
-                if !progress && keep.binary_search(&k).is_err() {
-                    self.tree_remove(&k)?;
-                    removed += 1;
-                }
-            }
-            match next {
-                Some(n) => start = n,
-                None => return Ok(removed),
-            }
-        }
+        let progress = key(0, KIND_RECV, 0);
+        self.remove_range_but(lo, hi.unwrap_or(Key::MAX), &|k| {
+            *k == progress || keep.binary_search(k).is_ok()
+        })?;
+        Ok(())
     }
 
     /// Receive: sets an item to inline bytes, or to a data block holding `data` (written by

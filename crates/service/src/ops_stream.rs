@@ -39,12 +39,21 @@ fn transfer_error(e: TransferError) -> ServiceError {
 }
 
 impl Service {
-    fn stream_ctx<'a>(caller: &'a Caller, req: &Request, command: Option<String>) -> Ctx<'a> {
-        Ctx {
+    /// Authorizes `req` for `caller` as `handle` does, then runs `f` with its context.
+    fn stream_call(
+        &self,
+        caller: &Caller,
+        req: Request,
+        command: Option<String>,
+        f: impl FnOnce(&mut Ctx, Request) -> Res<Response>,
+    ) -> (Res<Response>, Vec<String>) {
+        let mut ctx = Ctx {
             caller,
             command: command.unwrap_or_else(|| format!("api {}", req.op())),
             notes: Vec::new(),
-        }
+        };
+        let r = authorize(caller, &self.access(&req)).and_then(|()| f(&mut ctx, req));
+        (r, ctx.notes)
     }
 
     /// `tank send`: writes the stream of `req` (a `Request::Send`) to `out`.
@@ -55,10 +64,9 @@ impl Service {
         out: &mut dyn Write,
         command: Option<String>,
     ) -> (Res<Response>, Vec<String>) {
-        let mut ctx = Self::stream_ctx(caller, &req, command);
-        let r = authorize(caller, &self.access(&req))
-            .and_then(|()| self.send_inner(&mut ctx, req, out));
-        (r, ctx.notes)
+        self.stream_call(caller, req, command, |ctx, req| {
+            self.send_inner(ctx, req, out)
+        })
     }
 
     fn send_inner(&self, ctx: &mut Ctx, req: Request, out: &mut dyn Write) -> Res<Response> {
@@ -123,10 +131,9 @@ impl Service {
         input: &mut dyn Read,
         command: Option<String>,
     ) -> (Res<Response>, Vec<String>) {
-        let mut ctx = Self::stream_ctx(caller, &req, command);
-        let r = authorize(caller, &self.access(&req))
-            .and_then(|()| self.receive_inner(&mut ctx, req, input));
-        (r, ctx.notes)
+        self.stream_call(caller, req, command, |ctx, req| {
+            self.receive_inner(ctx, req, input)
+        })
     }
 
     fn receive_inner(&self, ctx: &mut Ctx, req: Request, input: &mut dyn Read) -> Res<Response> {
