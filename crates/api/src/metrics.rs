@@ -431,6 +431,80 @@ impl Collector for Collect {
             Gauge,
             &scan_errors,
         )?;
+        // Replication tasks: state, last success, lag, bytes, failures.
+        let mut rfam: HashMap<&str, Vec<(Labels, Value)>> = HashMap::new();
+        for r in self.svc.replications().unwrap_or_default() {
+            let lab = l(&[
+                ("task", &r.spec.name),
+                ("source", &r.spec.source),
+                ("target", &r.spec.target),
+            ]);
+            let mut put = |k: &'static str, v: Value| {
+                rfam.entry(k).or_default().push((lab.clone(), v));
+            };
+            put("running", V::Gauge(f64::from(u8::from(r.job.is_some()))));
+            put(
+                "failing",
+                V::Gauge(f64::from(u8::from(r.state.consecutive_failures > 0))),
+            );
+            if let Some(t) = r.state.last_success {
+                put("last_success", V::Gauge(t as f64));
+            }
+            if let Some(lag) = r.lag_secs {
+                put("lag", V::Gauge(lag as f64));
+            }
+            put("pending", V::Gauge(r.pending as f64));
+            put("bytes", V::Counter(r.state.bytes_total));
+            put("runs", V::Counter(r.state.runs));
+            put("failures", V::Counter(r.state.failures));
+        }
+        for (k, name, help, ty) in [
+            (
+                "running",
+                "tank_replication_running",
+                "1 while the task runs",
+                Gauge,
+            ),
+            (
+                "failing",
+                "tank_replication_failing",
+                "1 when the task's last run failed (an alert)",
+                Gauge,
+            ),
+            (
+                "last_success",
+                "tank_replication_last_success_timestamp_seconds",
+                "when the task last succeeded",
+                Gauge,
+            ),
+            (
+                "lag",
+                "tank_replication_lag_seconds",
+                "age of the newest snapshot on the target",
+                Gauge,
+            ),
+            (
+                "pending",
+                "tank_replication_pending_snapshots",
+                "snapshots of the source the target lacks",
+                Gauge,
+            ),
+            (
+                "bytes",
+                "tank_replication_sent_bytes",
+                "stream bytes the task has sent",
+                Counter,
+            ),
+            ("runs", "tank_replication_runs", "runs of the task", Counter),
+            (
+                "failures",
+                "tank_replication_failures",
+                "runs of the task that failed",
+                Counter,
+            ),
+        ] {
+            family(&mut enc, name, help, ty, rfam.get(k).map_or(&[][..], |v| v))?;
+        }
         let mut reqs = Vec::new();
         let mut errs = Vec::new();
         let mut lat = Vec::new();

@@ -39,6 +39,10 @@ const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("groups");
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("s3_keys");
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_tokens");
+/// The daemon's other settings, each a JSON record by name: S3 remotes (their keys are
+/// secrets, as the S3 keys above are) and replication tasks with their state.
+pub const REMOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("remotes");
+pub const REPLICATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("replications");
 
 /// First uid and gid given when none is asked for (as useradd's UID_MIN).
 pub const FIRST_ID: u32 = 1000;
@@ -299,7 +303,7 @@ impl Accounts {
         let db = Database::create(path)
             .map_err(|e| ServiceError::Store(format!("cannot open {}: {e}", path.display())))?;
         let txn = db.begin_write()?;
-        for t in [USERS, GROUPS, KEYS, TOKENS] {
+        for t in [USERS, GROUPS, KEYS, TOKENS, REMOTES, REPLICATIONS] {
             txn.open_table(t)?;
         }
         txn.commit()?;
@@ -658,6 +662,51 @@ impl Accounts {
         Ok(g)
     }
 
+    // ---- settings (remotes, replication tasks) ----
+
+    /// Writes the record `name` of a settings table (replacing it), committed before return.
+    pub fn put_setting<T: Serialize>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        name: &str,
+        value: &T,
+    ) -> Res<()> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(table)?
+            .insert(name, to_json(value).as_slice())?;
+        self.committed(txn)
+    }
+
+    /// The record `name` of a settings table, if there is one.
+    pub fn setting<T: for<'a> Deserialize<'a>>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        name: &str,
+    ) -> Res<Option<T>> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(table)?;
+        let got = t.get(name)?;
+        got.map(|raw| from_json(redb::TableHandle::name(&table), raw.value()))
+            .transpose()
+    }
+
+    /// Every record of a settings table, by name.
+    pub fn settings<T: for<'a> Deserialize<'a>>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+    ) -> Res<Vec<T>> {
+        let txn = self.db.begin_read()?;
+        Ok(all_of!(txn, table, T, redb::TableHandle::name(&table)))
+    }
+
+    /// Removes the record `name`; whether there was one.
+    pub fn remove_setting(&self, table: TableDefinition<&str, &[u8]>, name: &str) -> Res<bool> {
+        let txn = self.db.begin_write()?;
+        let had = txn.open_table(table)?.remove(name)?.is_some();
+        self.committed(txn)?;
+        Ok(had)
+    }
+
     // ---- S3 access keys ----
 
     /// A new access key of `user` (its secret is shown once here, and kept for SigV4).
@@ -872,7 +921,7 @@ impl Accounts {
             &mut data.tokens.iter().map(|t| t.id.clone()).collect(),
         )?;
         let txn = self.db.begin_write()?;
-        for t in [USERS, GROUPS, KEYS, TOKENS] {
+        for t in [USERS, GROUPS, KEYS, TOKENS, REMOTES, REPLICATIONS] {
             txn.delete_table(t)?;
             txn.open_table(t)?;
         }

@@ -343,6 +343,21 @@ pub enum Request {
     },
     /// Every dataset's schedule and its snapshots.
     ScheduleList,
+    /// `tank replicate add`: a task that keeps a dataset's snapshots on another tank host,
+    /// over SSH (replaces a task of the same name).
+    ReplicationAdd {
+        #[schema(value_type = Object)]
+        task: ReplicationSpec,
+    },
+    /// Every replication task, with its state.
+    ReplicationList,
+    ReplicationRemove {
+        name: String,
+    },
+    /// Runs a task now (in the caller's request), and answers when it has finished.
+    ReplicationRun {
+        name: String,
+    },
     /// `tank bookmark POOL/DS@SNAP POOL/DS#MARK`.
     Bookmark {
         snapshot: String,
@@ -655,6 +670,83 @@ pub struct ScheduleInfo {
     pub newest: Option<String>,
 }
 
+/// What a replication task does (`tank replicate add`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ReplicationSpec {
+    /// Letters, digits, `.`, `_` and `-`.
+    pub name: String,
+    /// The dataset whose snapshots are sent (POOL/DS).
+    pub source: String,
+    /// `ssh://[USER@]HOST[:PORT]/POOL/DS`.
+    pub target: String,
+    /// Bytes per second at most (none: as fast as it goes).
+    #[serde(default)]
+    pub bwlimit: Option<u64>,
+    /// Destroy the target's schedule snapshots that the source no longer has (never the
+    /// newest snapshot the two have in common).
+    #[serde(default)]
+    pub prune: bool,
+    /// The private key ssh authenticates with (`ssh -i`); none: ssh's own defaults.
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// More `ssh -o` options (`KEY=VALUE`).
+    #[serde(default)]
+    pub ssh_options: Vec<String>,
+    /// How the remote shell runs tank (default `tank`), e.g. with its data directory set.
+    #[serde(default = "default_remote_tank")]
+    pub remote_tank: String,
+    /// Run by the daemon whenever the source has a snapshot the target lacks (and again
+    /// after a failure); when false, only on request (`tank replicate run`).
+    #[serde(default = "default_true")]
+    pub auto: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_remote_tank() -> String {
+    "tank".into()
+}
+
+/// What a replication task has done (kept with the task, across restarts).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ReplicationState {
+    /// Seconds since 1970.
+    pub last_run: Option<u64>,
+    pub last_success: Option<u64>,
+    /// The newest snapshot known to be on the target, its guid and creation time.
+    pub last_snapshot: Option<String>,
+    pub last_guid: Option<u64>,
+    pub last_creation: Option<u64>,
+    /// Bytes sent by the last run, and by every run.
+    pub last_bytes: u64,
+    pub bytes_total: u64,
+    pub runs: u64,
+    pub failures: u64,
+    /// Failures since the last success (the next try waits longer each time).
+    pub consecutive_failures: u32,
+    pub last_error: Option<String>,
+}
+
+/// A replication task and its state.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ReplicationInfo {
+    #[schema(value_type = Object)]
+    pub spec: ReplicationSpec,
+    #[schema(value_type = Object)]
+    pub state: ReplicationState,
+    /// Running now: its job.
+    pub job: Option<u64>,
+    /// Seconds between the newest snapshot on the target and now (none before the first
+    /// success).
+    pub lag_secs: Option<u64>,
+    /// The source's snapshots newer than the newest on the target.
+    pub pending: usize,
+    /// `ok`, `running`, `failing`, `never run`, `no source`.
+    pub status: String,
+}
+
 /// Every response.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", content = "data", rename_all = "snake_case")]
@@ -709,6 +801,7 @@ pub enum Response {
     /// Datasets made (a create with parents, a clone, snapshots).
     DatasetNames(Vec<String>),
     Schedules(Vec<ScheduleInfo>),
+    Replications(Vec<ReplicationInfo>),
     /// What a send wrote or a receive took.
     Transferred {
         snapshots: Vec<String>,

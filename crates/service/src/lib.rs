@@ -35,6 +35,7 @@ mod ops_account;
 mod ops_dataset;
 mod ops_engine;
 mod ops_pool;
+mod ops_replicate;
 mod ops_schedule;
 mod ops_stream;
 pub mod pools;

@@ -9,7 +9,10 @@
 //!
 //! The mount policy is zfs's: an increment into a mounted filesystem unmounts it (and every
 //! other front end lets go of it) for the receive and mounts it again after; a dataset a
-//! full stream created is mounted at its mountpoint by the daemon unless `-u`. The dataset
+//! full stream created is mounted at its mountpoint by the daemon unless `-u`. A receive
+//! cut midway and kept (`-s`) leaves the dataset unmounted (nothing serves it halfway); its
+//! place is remembered, and the receive that finishes it (or `receive -A`) mounts it there
+//! again. The dataset
 //! layer (`recv.rs`) keeps the receive all or nothing per snapshot.
 
 use std::io::{Read, Write};
@@ -156,7 +159,7 @@ impl Service {
         // An increment into a mounted filesystem: unmounted, and let go of by every front
         // end, for the receive; mounted again after.
         let existing = o.dsl.resolve(&dataset).ok();
-        let was: Vec<(String, Option<PathBuf>)> = match existing {
+        let mut was: Vec<(String, Option<PathBuf>)> = match existing {
             Some(_) => self
                 .mounts
                 .unmount_tree(&dataset)?
@@ -166,6 +169,13 @@ impl Service {
                 .collect(),
             None => Vec::new(),
         };
+        // Unmounted by an earlier receive that was cut (and kept, -s): mounted again where
+        // it was once this one ends.
+        if was.is_empty() {
+            if let Some(dir) = self.unmounted_for_receive.lock().remove(&dataset) {
+                was.push((dataset.clone(), Some(dir)));
+            }
+        }
         let mut progress = |_bytes: u64| {};
         let result = match existing {
             Some(id) => self.mounts.handles().suspended(
@@ -176,10 +186,23 @@ impl Service {
             )?,
             None => recv::receive(&o.dsl, &dataset, input, &opts, &mut progress),
         };
-        if !was.is_empty() {
-            for line in self.mounts.remount(&o.dsl, &o.store, &was) {
-                ctx.note(line);
+        let unfinished = o
+            .dsl
+            .resolve(&dataset)
+            .and_then(|id| o.dsl.record(id))
+            .is_ok_and(|r| r.recv.is_some());
+        match was.pop() {
+            // Nothing serves a dataset halfway through a receive: its place is kept for
+            // the receive that finishes it (or `receive -A`).
+            Some((name, Some(dir))) if unfinished => {
+                self.unmounted_for_receive.lock().insert(name, dir);
             }
+            Some(w) => {
+                for line in self.mounts.remount(&o.dsl, &o.store, &[w]) {
+                    ctx.note(line);
+                }
+            }
+            None => {}
         }
         let summary = result.map_err(transfer_error)?;
         for r in &summary.rolled_back {
@@ -216,6 +239,12 @@ impl Service {
                 let o = self.open_pool(pool_of(&dataset), ctx)?;
                 recv::abort(&o.dsl, &dataset).map_err(transfer_error)?;
                 o.pool.log_history(&ctx.command);
+                let was = self.unmounted_for_receive.lock().remove(&dataset);
+                if let Some(dir) = was {
+                    for line in self.mounts.remount(&o.dsl, &o.store, &[(dataset.clone(), Some(dir))]) {
+                        ctx.note(line);
+                    }
+                }
                 Ok(Response::Done {
                     message: format!("abandoned the unfinished receive into '{dataset}'"),
                 })

@@ -76,6 +76,11 @@ pub struct Service {
     pub(crate) schedule_hour_secs: std::sync::atomic::AtomicU64,
     /// Since when (seconds since 1970, f64 bits) the schedules' clock runs at that rate.
     pub(crate) schedule_origin: std::sync::atomic::AtomicU64,
+    /// Replication tasks running now, by name: their jobs' progress.
+    pub(crate) replicating: Mutex<HashMap<String, Arc<crate::jobs::Progress>>>,
+    /// Filesystems unmounted for a receive that was cut and kept (`-s`), and where they
+    /// were mounted: mounted there again when a receive finishes them.
+    pub(crate) unmounted_for_receive: Mutex<HashMap<String, PathBuf>>,
 }
 
 impl Service {
@@ -94,6 +99,8 @@ impl Service {
             benchmark: OnceLock::new(),
             schedule_hour_secs: std::sync::atomic::AtomicU64::new(3600),
             schedule_origin: std::sync::atomic::AtomicU64::new(0),
+            replicating: Mutex::new(HashMap::new()),
+            unmounted_for_receive: Mutex::new(HashMap::new()),
         }
     }
 
@@ -224,6 +231,7 @@ impl Service {
             | R::MountList
             | R::ShareList
             | R::ScheduleList
+            | R::ReplicationList
             | R::JobList
             | R::JobGet { .. }
             | R::CacheStats
@@ -307,6 +315,10 @@ impl Service {
                 self.stream_request(ctx, req)
             }
             R::ScheduleSet { .. } | R::ScheduleList => self.schedule_request(ctx, req),
+            R::ReplicationAdd { .. }
+            | R::ReplicationList
+            | R::ReplicationRemove { .. }
+            | R::ReplicationRun { .. } => self.replication_request(ctx, req),
             R::UserAdd { .. }
             | R::UserPasswd { .. }
             | R::UserSet { .. }

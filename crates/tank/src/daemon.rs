@@ -567,7 +567,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         sock.display()
     );
     {
-        // Snapshot schedules: checked a few times per schedule hour (every minute at most).
+        // Snapshot schedules and replication tasks: checked a few times per schedule hour
+        // (every minute at most).
         svc.set_schedule_hour(a.schedule_hour);
         let svc = svc.clone();
         let tick =
@@ -579,6 +580,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 } else {
                     say!("{line}");
                 }
+            }
+            // Replication tasks whose source has a snapshot the target lacks (each runs
+            // on a thread of its own; its outcome is in its state, job and events).
+            for name in svc.start_due_replications() {
+                say!("replicating {name}");
             }
             std::thread::sleep(tick);
         });

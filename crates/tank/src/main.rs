@@ -20,6 +20,7 @@ mod cmd_bench;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
+mod cmd_replicate;
 mod cmd_schedule;
 mod cmd_share;
 mod cmd_stream;
@@ -94,6 +95,10 @@ enum Command {
     /// daemon: add, list, remove.
     #[command(subcommand)]
     Schedule(cmd_schedule::ScheduleCmd),
+    /// Replication tasks: a dataset's snapshots kept on another tank host over SSH,
+    /// incremental and resumable, run by the daemon: add, list, run, remove.
+    #[command(subcommand)]
+    Replicate(cmd_replicate::ReplicateCmd),
     /// Create a writable clone of a snapshot.
     Clone(cmd_dataset::CloneArgs),
     /// Mount a filesystem dataset with FUSE (in the daemon, or in the foreground without one).
@@ -176,6 +181,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Receive(a) => cmd_stream::receive(a),
         Command::Bookmark(a) => cmd_stream::bookmark(a),
         Command::Schedule(c) => cmd_schedule::run(c),
+        Command::Replicate(c) => cmd_replicate::run(c),
         Command::Clone(a) => cmd_dataset::clone(a),
         Command::Mount(a) => mounts::run_mount(a),
         Command::Unmount(a) => mounts::run_unmount(a),

@@ -228,6 +228,21 @@ fn snap_dir(mount: &Path, snap: &str) -> PathBuf {
     mount.join(".tank/snapshot").join(snap)
 }
 
+/// Two hosts' data directories under `dir`, with pools `pa` and `pb` of one 1 GiB disk.
+fn two_hosts(dir: &Path) -> (PathBuf, PathBuf) {
+    let (a, b) = (dir.join("host-a"), dir.join("host-b"));
+    for (data, pool) in [(&a, "pa"), (&b, "pb")] {
+        std::fs::create_dir_all(data).unwrap();
+        let dev = data.join("disk0");
+        std::fs::File::create(&dev)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        tank(data, &["pool", "create", pool, dev.to_str().unwrap()]);
+    }
+    (a, b)
+}
+
 fn snapshot(data: &Path, name: &str) {
     tank(data, &["snapshot", name]);
 }
@@ -335,16 +350,7 @@ fn send_and_receive_between_hosts_through_pipes_and_ssh() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let (a, b) = (t.path().join("host-a"), t.path().join("host-b"));
-    for (data, pool) in [(&a, "pa"), (&b, "pb")] {
-        std::fs::create_dir_all(data).unwrap();
-        let dev = data.join("disk0");
-        std::fs::File::create(&dev)
-            .unwrap()
-            .set_len(1 << 30)
-            .unwrap();
-        tank(data, &["pool", "create", pool, dev.to_str().unwrap()]);
-    }
+    let (a, b) = two_hosts(t.path());
     let (ma, mb) = (t.path().join("ma"), t.path().join("mb"));
     let da = serve(&a);
     let db = serve(&b);
@@ -558,5 +564,341 @@ fn send_and_receive_between_hosts_through_pipes_and_ssh() {
     assert!(list.contains("pb/dst@4"), "{list}");
     let err = tank_fails(&b, &["receive", "-A", "pb/dst"]);
     assert!(err.contains("no unfinished receive"), "{err}");
+    drop(da);
+}
+
+/// The daemon of `data` with snapshot schedules and replication tasks checked every second.
+fn serve_fast(data: &Path) -> (Daemon, String) {
+    let (child, api, _) = common::serve_until_listening(
+        data,
+        &["serve", "--api", "127.0.0.1:0", "--schedule-hour", "8"],
+        "api: ",
+    );
+    let url = api
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    (Daemon(child), url)
+}
+
+/// The replication tasks of `data` as `tank replicate list --json` gives them.
+fn tasks(data: &Path) -> serde_json::Value {
+    serde_json::from_str(&tank(data, &["replicate", "list", "--json"])).unwrap()
+}
+
+/// The snapshots of `ds` on `data` as (short name, guid), oldest first.
+fn snapshots_of(data: &Path, ds: &str) -> Vec<(String, String)> {
+    tank(
+        data,
+        &[
+            "dataset",
+            "list",
+            "-H",
+            "-p",
+            "-r",
+            "-t",
+            "snapshot",
+            "-o",
+            "name,guid",
+            ds,
+        ],
+    )
+    .lines()
+    .filter_map(|l| {
+        let (n, g) = l.split_once('\t')?;
+        let short = n.strip_prefix(&format!("{ds}@"))?;
+        Some((short.to_string(), g.to_string()))
+    })
+    .collect()
+}
+
+/// A replication task between two daemons over SSH, as a user sets one up: the first run
+/// sends everything, the daemon then sends each new snapshot on its own, a bandwidth limit
+/// holds, a run cut midway is resumed by the next, the source pruning every snapshot the
+/// two had in common is bridged by the task's bookmark, the target is pruned to the source's
+/// retention without losing the common snapshot, and a failing task raises an alert (its
+/// state, an ereport event, the metrics).
+#[test]
+fn replication_tasks_over_ssh() {
+    if let Some(why) = common::fuse_missing() {
+        common::skip("replication_tasks_over_ssh", why);
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let sshd = match start_sshd(&t.path().join("ssh")) {
+        Ok(s) => s,
+        Err(why) => {
+            common::skip("replication_tasks_over_ssh", &why);
+            return;
+        }
+    };
+    let (a, b) = two_hosts(t.path());
+    let (ma, mb) = (t.path().join("ma"), t.path().join("mb"));
+    let (da, api) = serve_fast(&a);
+    let _db = serve(&b);
+    tank(
+        &a,
+        &[
+            "dataset",
+            "create",
+            "-o",
+            &format!("mountpoint={}", ma.display()),
+            "pa/src",
+        ],
+    );
+    wait_for("pa/src to mount", || {
+        ma.read_dir().is_ok_and(|mut d| d.next().is_none()) || ma.join(".tank").exists()
+    });
+    let snap = |n: u64| format!("autosnap_2026-11-28_{n:02}:00:00_hourly");
+    populate(&ma, 1);
+    snapshot(&a, &format!("pa/src@{}", snap(1)));
+    change(&ma, 2);
+    snapshot(&a, &format!("pa/src@{}", snap(2)));
+
+    let remote = format!(
+        "TANK_DATA_DIR='{}' '{}'",
+        b.display(),
+        env!("CARGO_BIN_EXE_tank")
+    );
+    let target = format!("ssh://root@127.0.0.1:{}/pb/dst", sshd.port);
+    let add = |extra: &[&str]| {
+        let mut args = vec![
+            "replicate",
+            "add",
+            "r1",
+            "pa/src",
+            target.as_str(),
+            "--identity",
+            sshd.key.to_str().unwrap(),
+            "--ssh-option",
+            "StrictHostKeyChecking=no",
+            "--ssh-option",
+            "UserKnownHostsFile=/dev/null",
+            "--remote-tank",
+            remote.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        tank(&a, &args)
+    };
+    // Bad targets are refused before anything runs.
+    for bad in [
+        "ssh://-oProxyCommand=x/pb/d",
+        "nas2:/pb/dst",
+        "ssh://h/pb/d@s",
+    ] {
+        let err = tank_fails(&a, &["replicate", "add", "x", "pa/src", bad]);
+        assert!(err.contains("bad target"), "{err}");
+    }
+    // Run on request only, to begin with.
+    add(&["--manual"]);
+    let l = tasks(&a);
+    assert_eq!(l[0]["status"], "never run", "{l}");
+    assert_eq!(l[0]["pending"], 2, "{l}");
+
+    // The first run: the oldest snapshot whole, then the rest as an increment.
+    let out = tank(&a, &["replicate", "run", "r1"]);
+    assert!(out.contains(&format!("pa/src@{}", snap(2))), "{out}");
+    assert_eq!(snapshots_of(&a, "pa/src"), snapshots_of(&b, "pb/dst"));
+    tank(&b, &["mount", "pb/dst", mb.to_str().unwrap()]);
+    wait_for("pb/dst to mount", || mb.join("round2").exists());
+    assert_same(
+        &walk(&snap_dir(&ma, &snap(2))),
+        &walk(&mb),
+        "replicated in full",
+    );
+    let l = tasks(&a);
+    assert_eq!(l[0]["status"], "ok", "{l}");
+    assert_eq!(l[0]["pending"], 0, "{l}");
+    assert!(
+        l[0]["state"]["bytes_total"].as_u64().unwrap() > 1 << 20,
+        "{l}"
+    );
+    // A run with nothing new sends nothing.
+    let out = tank(&a, &["replicate", "run", "r1"]);
+    assert!(out.contains("up to date"), "{out}");
+
+    // A new snapshot: the daemon sends it on its own.
+    add(&[]);
+    change(&ma, 3);
+    snapshot(&a, &format!("pa/src@{}", snap(3)));
+    wait_for("the daemon to replicate snapshot 3", || {
+        tasks(&a)[0]["state"]["last_snapshot"] == format!("pa/src@{}", snap(3))
+    });
+    wait_for("pb/dst to mount again", || mb.join("round3").exists());
+    assert_same(
+        &walk(&snap_dir(&ma, &snap(3))),
+        &walk(&mb),
+        "replicated by the daemon",
+    );
+
+    // A bandwidth limit holds: 1 MiB/s, and the run is cut midway (the receiving command
+    // killed, as a dropped connection would end it).
+    add(&["--bwlimit", "1M", "--manual"]);
+    change(&ma, 4);
+    snapshot(&a, &format!("pa/src@{}", snap(4)));
+    let est: u64 = tank(
+        &a,
+        &[
+            "send",
+            "-n",
+            "-P",
+            "-c",
+            "-i",
+            &format!("@{}", snap(3)),
+            &format!("pa/src@{}", snap(4)),
+        ],
+    )
+    .lines()
+    .find_map(|l| l.strip_prefix("size\t")?.parse().ok())
+    .unwrap();
+    assert!(est > 3 << 20, "a stream of {est} bytes is too small to cut");
+    let run = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["replicate", "run", "r1"])
+        .env("TANK_DATA_DIR", &a)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Cut once the target has begun (its token shows while it receives).
+    wait_for("the receive to begin", || {
+        tank(
+            &b,
+            &["dataset", "get", "-H", "receive_resume_token", "pb/dst"],
+        )
+        .contains("\t1-")
+    });
+    let killed = Command::new("pkill")
+        .args(["-9", "-f", "receive -s -F pb/dst"])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "no receive to cut");
+    let cut = run.wait_with_output().unwrap();
+    assert!(!cut.status.success(), "a cut run succeeded");
+    let err = String::from_utf8_lossy(&cut.stderr).into_owned();
+    assert!(err.contains("receive on 127.0.0.1 failed"), "{err}");
+    // The receiving daemon sees the cut when it next reads; then the token is there.
+    wait_for("a resume token after the cut", || {
+        tank(
+            &b,
+            &["dataset", "get", "-H", "receive_resume_token", "pb/dst"],
+        )
+        .contains("\t1-")
+    });
+    // The daemon tries a failed task again a schedule minute later, and goes on from the
+    // token, at the limit.
+    add(&["--bwlimit", "1M"]);
+    wait_for("the daemon to resume the cut run", || {
+        let l = tasks(&a);
+        l[0]["status"] == "ok" && l[0]["state"]["last_snapshot"] == format!("pa/src@{}", snap(4))
+    });
+    let l = tasks(&a);
+    assert_eq!(l[0]["state"]["failures"], 1, "{l}");
+    let resumed = l[0]["state"]["last_bytes"].as_u64().unwrap();
+    assert!(
+        resumed < est,
+        "the resumed run sent {resumed} bytes of a {est}-byte stream"
+    );
+    let secs = l[0]["state"]["last_success"].as_u64().unwrap()
+        - l[0]["state"]["last_run"].as_u64().unwrap()
+        + 1;
+    assert!(
+        secs as f64 >= resumed as f64 / (1 << 20) as f64 * 0.8,
+        "{resumed} bytes in {secs} s at a 1 MiB/s limit"
+    );
+    wait_for("pb/dst to mount after the resumed run", || {
+        mb.join("round4").exists()
+    });
+    assert_same(
+        &walk(&snap_dir(&ma, &snap(4))),
+        &walk(&mb),
+        "after a cut and a resume",
+    );
+    add(&["--prune", "--manual"]);
+
+    // The source prunes every snapshot the target has; the task's bookmark is the base.
+    for n in 1..=4 {
+        tank(&a, &["dataset", "destroy", &format!("pa/src@{}", snap(n))]);
+    }
+    change(&ma, 5);
+    snapshot(&a, &format!("pa/src@{}", snap(5)));
+    let out = tank(&a, &["replicate", "run", "r1"]);
+    assert!(out.contains(&format!("sent pa/src@{}", snap(5))), "{out}");
+    // Pruned to the source's retention: the four the source destroyed.
+    for n in 1..=4 {
+        assert!(
+            out.contains(&format!("pb/dst@{}", snap(n))),
+            "{n} not pruned: {out}"
+        );
+    }
+    assert_eq!(snapshots_of(&a, "pa/src"), snapshots_of(&b, "pb/dst"));
+    wait_for("pb/dst to mount after the bookmark run", || {
+        mb.join("round5").exists()
+    });
+    assert_same(
+        &walk(&snap_dir(&ma, &snap(5))),
+        &walk(&mb),
+        "from the task's bookmark",
+    );
+
+    // The only common snapshot is never pruned, even when the source has destroyed it.
+    tank(&a, &["dataset", "destroy", &format!("pa/src@{}", snap(5))]);
+    snapshot(&a, "pa/src@manual");
+    let out = tank(&a, &["replicate", "run", "r1"]);
+    assert!(out.contains("sent pa/src@manual"), "{out}");
+    let on_b = snapshots_of(&b, "pb/dst");
+    assert!(on_b.iter().any(|s| s.0 == "manual"), "{on_b:?}");
+
+    // A failing task: the target's host is gone. Its state, an ereport and the metrics.
+    drop(sshd);
+    change(&ma, 6);
+    snapshot(&a, "pa/src@after");
+    let err = tank_fails(&a, &["replicate", "run", "r1"]);
+    assert!(err.contains("cannot list the target"), "{err}");
+    let l = tasks(&a);
+    assert_eq!(l[0]["status"], "failing", "{l}");
+    assert_eq!(l[0]["pending"], 1, "{l}");
+    assert!(l[0]["state"]["last_error"].as_str().is_some(), "{l}");
+    let events = tank(&a, &["pool", "events", "pa"]);
+    assert!(
+        events.contains("ereport.fs.tank.replication_failed"),
+        "{events}"
+    );
+    assert!(events.contains("sysevent.fs.tank.replication"), "{events}");
+    common::tank(
+        &a,
+        &["user", "add", "boss", "--admin"],
+        Some("the boss's password\n"),
+    );
+    let token = tank(&a, &["token", "add", "boss"]);
+    let token = token
+        .lines()
+        .find_map(|l| l.strip_prefix("token: "))
+        .unwrap_or_else(|| panic!("no token in {token}"))
+        .trim()
+        .to_string();
+    let m = Command::new("curl")
+        .args(["-sSk", "-H", &format!("Authorization: Bearer {token}")])
+        .arg(format!("{api}/metrics"))
+        .output()
+        .unwrap();
+    let m = String::from_utf8_lossy(&m.stdout);
+    for want in [
+        "tank_replication_failing{task=\"r1\"",
+        "tank_replication_last_success_timestamp_seconds{task=\"r1\"",
+        "tank_replication_lag_seconds{task=\"r1\"",
+        "tank_replication_pending_snapshots{task=\"r1\"",
+        "tank_replication_sent_bytes_total{task=\"r1\"",
+    ] {
+        assert!(m.contains(want), "no {want} in the metrics:\n{m}");
+    }
+    let failing = m
+        .lines()
+        .find(|l| l.starts_with("tank_replication_failing{"))
+        .unwrap();
+    let value: f64 = failing.rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(value, 1.0, "{failing}");
+    tank(&a, &["replicate", "remove", "r1"]);
+    assert_eq!(tasks(&a), serde_json::json!([]));
     drop(da);
 }
