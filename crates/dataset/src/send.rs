@@ -162,6 +162,13 @@ fn resolve_base(dsl: &Dsl, to: u64, from: &str) -> Result<Base, TransferError> {
     })
 }
 
+/// The guid of `from` (`@snap`, `#mark` or a full name) as an incremental base of
+/// `snapshot`, after the same checks a send makes.
+pub fn base_guid(dsl: &Dsl, snapshot: &str, from: &str) -> Result<u64, TransferError> {
+    let to = dsl.resolve(snapshot)?;
+    Ok(resolve_base(dsl, to, from)?.guid)
+}
+
 /// One substream of a plan: snapshot `sid` against the base (`from_guid`, `from_txg`).
 #[derive(Debug, Clone, Copy)]
 struct Step {

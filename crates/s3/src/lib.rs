@@ -26,6 +26,7 @@
 //! client has 30 s to send a request's headers.
 
 pub mod buckets;
+pub mod client;
 pub mod cors;
 pub mod keys;
 pub mod lifecycle;

@@ -43,6 +43,8 @@ const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_tokens");
 /// secrets, as the S3 keys above are) and replication tasks with their state.
 pub const REMOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("remotes");
 pub const REPLICATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("replications");
+/// Backup uploads under way (their multipart upload ids), by remote, bucket and object.
+pub const UPLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("uploads");
 
 /// First uid and gid given when none is asked for (as useradd's UID_MIN).
 pub const FIRST_ID: u32 = 1000;
@@ -303,7 +305,7 @@ impl Accounts {
         let db = Database::create(path)
             .map_err(|e| ServiceError::Store(format!("cannot open {}: {e}", path.display())))?;
         let txn = db.begin_write()?;
-        for t in [USERS, GROUPS, KEYS, TOKENS, REMOTES, REPLICATIONS] {
+        for t in [USERS, GROUPS, KEYS, TOKENS, REMOTES, REPLICATIONS, UPLOADS] {
             txn.open_table(t)?;
         }
         txn.commit()?;
@@ -921,7 +923,8 @@ impl Accounts {
             &mut data.tokens.iter().map(|t| t.id.clone()).collect(),
         )?;
         let txn = self.db.begin_write()?;
-        for t in [USERS, GROUPS, KEYS, TOKENS, REMOTES, REPLICATIONS] {
+        // The accounts only: the settings (remotes, tasks, uploads) stay as they are.
+        for t in [USERS, GROUPS, KEYS, TOKENS] {
             txn.delete_table(t)?;
             txn.open_table(t)?;
         }

@@ -358,6 +358,52 @@ pub enum Request {
     ReplicationRun {
         name: String,
     },
+    /// `tank remote add`: an S3 endpoint for backups (replaces one of the same name).
+    RemoteAdd {
+        name: String,
+        /// `http[s]://HOST[:PORT]`.
+        endpoint: String,
+        access_key: String,
+        secret_key: String,
+        #[serde(default)]
+        region: Option<String>,
+        /// Encrypt backups through this remote: 64 hex digits, or `generate` for a new key
+        /// (shown once, in the answer).
+        #[serde(default)]
+        encryption_key: Option<String>,
+    },
+    RemoteList,
+    RemoteRemove {
+        name: String,
+    },
+    /// `tank send ... --to s3://BUCKET/PREFIX --remote NAME`: a stream stored as an object.
+    BackupSend {
+        snapshot: String,
+        #[serde(default)]
+        from: Option<String>,
+        #[serde(default)]
+        intermediates: bool,
+        remote: String,
+        url: String,
+    },
+    /// `tank receive ... --from s3://BUCKET/PREFIX --remote NAME`: a chain of stored
+    /// streams received, up to `snapshot` (the newest when none).
+    BackupRestore {
+        dataset: String,
+        remote: String,
+        url: String,
+        #[serde(default)]
+        snapshot: Option<String>,
+        #[serde(default)]
+        force: bool,
+        #[serde(default)]
+        no_mount: bool,
+    },
+    /// `tank remote list-backups NAME s3://BUCKET/PREFIX`.
+    BackupList {
+        remote: String,
+        url: String,
+    },
     /// `tank bookmark POOL/DS@SNAP POOL/DS#MARK`.
     Bookmark {
         snapshot: String,
@@ -747,6 +793,26 @@ pub struct ReplicationInfo {
     pub status: String,
 }
 
+/// An S3 remote as it is shown (never its secret key or encryption key).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct RemoteInfo {
+    pub name: String,
+    pub endpoint: String,
+    pub access_key: String,
+    pub region: String,
+    /// The id of its encryption key, when backups through it are encrypted.
+    pub key_id: Option<String>,
+}
+
+/// The backups under an S3 prefix.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct BackupListing {
+    #[schema(value_type = Vec<Object>)]
+    pub backups: Vec<crate::backup::Manifest>,
+    /// Stream objects without a manifest: uploads that did not finish (never restored).
+    pub unfinished: Vec<String>,
+}
+
 /// Every response.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", content = "data", rename_all = "snake_case")]
@@ -802,6 +868,8 @@ pub enum Response {
     DatasetNames(Vec<String>),
     Schedules(Vec<ScheduleInfo>),
     Replications(Vec<ReplicationInfo>),
+    Remotes(Vec<RemoteInfo>),
+    Backups(BackupListing),
     /// What a send wrote or a receive took.
     Transferred {
         snapshots: Vec<String>,

@@ -26,12 +26,14 @@
 
 pub mod accounts;
 pub mod api;
+pub mod backup;
 pub mod caller;
 pub mod error;
 pub mod handles;
 pub mod jobs;
 pub mod mounts;
 mod ops_account;
+mod ops_backup;
 mod ops_dataset;
 mod ops_engine;
 mod ops_pool;

@@ -139,7 +139,12 @@ impl Service {
         })
     }
 
-    fn receive_inner(&self, ctx: &mut Ctx, req: Request, input: &mut dyn Read) -> Res<Response> {
+    pub(crate) fn receive_inner(
+        &self,
+        ctx: &mut Ctx,
+        req: Request,
+        input: &mut dyn Read,
+    ) -> Res<Response> {
         let Request::Receive {
             dataset,
             force,

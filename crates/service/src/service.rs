@@ -81,6 +81,8 @@ pub struct Service {
     /// Filesystems unmounted for a receive that was cut and kept (`-s`), and where they
     /// were mounted: mounted there again when a receive finishes them.
     pub(crate) unmounted_for_receive: Mutex<HashMap<String, PathBuf>>,
+    /// The S3 client of backups, installed by the program (it lives with the S3 front end).
+    pub(crate) buckets: OnceLock<Arc<dyn crate::backup::BucketConnector>>,
 }
 
 impl Service {
@@ -101,7 +103,13 @@ impl Service {
             schedule_origin: std::sync::atomic::AtomicU64::new(0),
             replicating: Mutex::new(HashMap::new()),
             unmounted_for_receive: Mutex::new(HashMap::new()),
+            buckets: OnceLock::new(),
         }
+    }
+
+    /// Installs the S3 client of backups (once; later calls are ignored).
+    pub fn set_bucket_connector(&self, c: Arc<dyn crate::backup::BucketConnector>) {
+        let _ = self.buckets.set(c);
     }
 
     /// Installs the runner of `dataset_bench` (once; later calls are ignored).
@@ -319,6 +327,12 @@ impl Service {
             | R::ReplicationList
             | R::ReplicationRemove { .. }
             | R::ReplicationRun { .. } => self.replication_request(ctx, req),
+            R::RemoteAdd { .. }
+            | R::RemoteList
+            | R::RemoteRemove { .. }
+            | R::BackupSend { .. }
+            | R::BackupRestore { .. }
+            | R::BackupList { .. } => self.backup_request(ctx, req),
             R::UserAdd { .. }
             | R::UserPasswd { .. }
             | R::UserSet { .. }

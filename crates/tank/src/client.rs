@@ -63,6 +63,7 @@ impl Client {
         let svc = Service::new(&data_dir(), Mode::Command);
         svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));
         svc.set_benchmark(Arc::new(tank_bench::run::fs::ServiceBench));
+        svc.set_bucket_connector(Arc::new(tank_s3::client::S3Connector));
         Client::Local(Arc::new(svc))
     }
 

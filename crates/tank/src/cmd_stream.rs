@@ -60,6 +60,12 @@ pub struct SendArgs {
     /// The snapshot to send (POOL/DS@SNAP).
     #[arg(required_unless_present = "token")]
     snapshot: Option<String>,
+    /// Store the stream in an S3 bucket instead (s3://BUCKET/PREFIX), through --remote.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX", requires = "remote", conflicts_with_all = ["token", "dry_run", "replicate"])]
+    to: Option<String>,
+    /// The remote (tank remote add) that reaches the bucket.
+    #[arg(long, value_name = "NAME")]
+    remote: Option<String>,
 }
 
 #[derive(Args)]
@@ -85,6 +91,16 @@ pub struct ReceiveArgs {
     verbose: bool,
     /// The dataset to receive into (POOL/DS).
     dataset: String,
+    /// Restore from backups in an S3 bucket instead (s3://BUCKET/PREFIX), through --remote:
+    /// the chain of streams up to the newest snapshot (or --snapshot).
+    #[arg(long, value_name = "s3://BUCKET/PREFIX", requires = "remote", conflicts_with_all = ["resumable", "abort", "props"])]
+    from: Option<String>,
+    /// The remote (tank remote add) that reaches the bucket.
+    #[arg(long, value_name = "NAME")]
+    remote: Option<String>,
+    /// With --from: the snapshot to restore to (its short name).
+    #[arg(long, value_name = "SNAP", requires = "from")]
+    snapshot: Option<String>,
 }
 
 #[derive(Args)]
@@ -307,6 +323,21 @@ fn send_request(stream: &mut std::os::unix::net::UnixStream, request: Request) -
 }
 
 pub fn send(a: SendArgs) -> Result<()> {
+    if let (Some(url), Some(remote)) = (&a.to, &a.remote) {
+        let r = crate::client::call(Request::BackupSend {
+            snapshot: a.snapshot.clone().unwrap_or_default(),
+            from: a.intermediates.clone().or(a.incremental.clone()),
+            intermediates: a.intermediates.is_some(),
+            remote: remote.clone(),
+            url: url.clone(),
+        })?;
+        if let Response::Transferred { snapshots, .. } = r {
+            for s in snapshots {
+                println!("stored {s}");
+            }
+        }
+        return Ok(());
+    }
     let estimate = |a: &SendArgs| -> Result<(Vec<String>, u64)> {
         match crate::client::call(Request::Send {
             snapshot: a.snapshot.clone(),
@@ -410,6 +441,30 @@ pub fn receive(a: ReceiveArgs) -> Result<()> {
         let r = crate::client::call(Request::ReceiveAbort { dataset: a.dataset })?;
         if let Response::Done { message } = r {
             println!("{message}");
+        }
+        return Ok(());
+    }
+    if let (Some(url), Some(remote)) = (&a.from, &a.remote) {
+        let r = crate::client::call(Request::BackupRestore {
+            dataset: a.dataset.clone(),
+            remote: remote.clone(),
+            url: url.clone(),
+            snapshot: a.snapshot.clone(),
+            force: a.force,
+            no_mount: a.no_mount,
+        })?;
+        if let Response::Transferred {
+            snapshots,
+            rolled_back,
+            ..
+        } = r
+        {
+            for s in rolled_back {
+                println!("rolled back to {s} first (-F)");
+            }
+            for s in snapshots {
+                println!("received {s}");
+            }
         }
         return Ok(());
     }

@@ -376,6 +376,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let svc = Arc::new(Service::new(&dir, Mode::Daemon));
     svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));
     svc.set_benchmark(Arc::new(tank_bench::run::fs::ServiceBench));
+    svc.set_bucket_connector(Arc::new(tank_s3::client::S3Connector));
     for entry in PoolCache::load(&dir)?.pools {
         // Imported through the cache as a command would, then kept open.
         let opened = match svc.open(&entry.name) {

@@ -20,6 +20,7 @@ mod cmd_bench;
 mod cmd_dataset;
 mod cmd_debug;
 mod cmd_pool;
+mod cmd_remote;
 mod cmd_replicate;
 mod cmd_schedule;
 mod cmd_share;
@@ -99,6 +100,10 @@ enum Command {
     /// incremental and resumable, run by the daemon: add, list, run, remove.
     #[command(subcommand)]
     Replicate(cmd_replicate::ReplicateCmd),
+    /// S3-compatible stores for backups (send --to s3://, receive --from s3://): add,
+    /// list, remove, list-backups.
+    #[command(subcommand)]
+    Remote(cmd_remote::RemoteCmd),
     /// Create a writable clone of a snapshot.
     Clone(cmd_dataset::CloneArgs),
     /// Mount a filesystem dataset with FUSE (in the daemon, or in the foreground without one).
@@ -182,6 +187,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Bookmark(a) => cmd_stream::bookmark(a),
         Command::Schedule(c) => cmd_schedule::run(c),
         Command::Replicate(c) => cmd_replicate::run(c),
+        Command::Remote(c) => cmd_remote::run(c),
         Command::Clone(a) => cmd_dataset::clone(a),
         Command::Mount(a) => mounts::run_mount(a),
         Command::Unmount(a) => mounts::run_unmount(a),
