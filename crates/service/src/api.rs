@@ -723,13 +723,14 @@ pub struct ReplicationSpec {
     pub name: String,
     /// The dataset whose snapshots are sent (POOL/DS).
     pub source: String,
-    /// `ssh://[USER@]HOST[:PORT]/POOL/DS`.
+    /// `ssh://[USER@]HOST[:PORT]/POOL/DS`, or `s3://BUCKET/PREFIX` (with `remote`).
     pub target: String,
     /// Bytes per second at most (none: as fast as it goes).
     #[serde(default)]
     pub bwlimit: Option<u64>,
     /// Destroy the target's schedule snapshots that the source no longer has (never the
-    /// newest snapshot the two have in common).
+    /// newest snapshot the two have in common); on an `s3://` target, delete the chains
+    /// none of whose snapshots the source has (never the newest chain).
     #[serde(default)]
     pub prune: bool,
     /// The private key ssh authenticates with (`ssh -i`); none: ssh's own defaults.
@@ -745,6 +746,13 @@ pub struct ReplicationSpec {
     /// after a failure); when false, only on request (`tank replicate run`).
     #[serde(default = "default_true")]
     pub auto: bool,
+    /// For an `s3://BUCKET/PREFIX` target: the remote that reaches it.
+    #[serde(default)]
+    pub remote: Option<String>,
+    /// For an `s3://` target: start a new chain with a full stream once the chain has this
+    /// many streams (0: never).
+    #[serde(default)]
+    pub full_every: u32,
 }
 
 fn default_true() -> bool {

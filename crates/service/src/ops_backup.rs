@@ -15,17 +15,22 @@
 //! `sysevent.fs.tank.restore`); a failed backup an `ereport.fs.tank.backup_failed`.
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use rand::RngCore;
 use tank_dataset::send::{self, SendOptions};
 use tank_dataset::DatasetKind;
 
+use std::collections::HashSet;
+
 use crate::accounts::{validate_name, REMOTES, UPLOADS};
-use crate::api::{BackupListing, RemoteInfo, Request, Response};
+use crate::api::{BackupListing, RemoteInfo, ReplicationSpec, Request, Response};
 use crate::backup::{self, Bucket, Manifest, Remote, Upload};
+use crate::caller::Caller;
 use crate::error::ServiceError;
 use crate::jobs::Progress;
 use crate::mounts::pool_of;
+use crate::ops_replicate::{base_of, RunOutcome, Snap};
 use crate::service::{Ctx, Res, Service};
 
 /// An upload under way, as the settings store keeps it.
@@ -44,6 +49,15 @@ fn now_secs() -> u64 {
 
 fn failed(e: impl std::fmt::Display) -> ServiceError {
     ServiceError::Failed(e.to_string())
+}
+
+/// What a backup send did.
+pub(crate) struct BackupOutcome {
+    pub snapshots: Vec<String>,
+    pub size: u64,
+    pub stored_already: bool,
+    /// What it did, as a line for the user.
+    pub line: String,
 }
 
 /// Counts the bytes written through it.
@@ -158,7 +172,18 @@ impl Service {
                 intermediates,
                 remote,
                 url,
-            } => self.backup_send(ctx, &snapshot, from, intermediates, &remote, &url),
+            } => self
+                .backup_send(ctx, &snapshot, from, intermediates, &remote, &url, None)
+                .map(|b| Response::Transferred {
+                    bytes: b.size,
+                    skipped: if b.stored_already {
+                        vec![snapshot.clone()]
+                    } else {
+                        vec![]
+                    },
+                    snapshots: b.snapshots,
+                    rolled_back: vec![],
+                }),
             Request::BackupRestore {
                 dataset,
                 remote,
@@ -172,7 +197,11 @@ impl Service {
     }
 
     /// The remote `name` and a connection to the bucket of `url`, with the prefix.
-    fn remote_bucket(&self, name: &str, url: &str) -> Res<(Remote, Box<dyn Bucket>, String)> {
+    pub(crate) fn remote_bucket(
+        &self,
+        name: &str,
+        url: &str,
+    ) -> Res<(Remote, Box<dyn Bucket>, String)> {
         let r: Remote = self.accounts()?.setting(REMOTES, name)?.ok_or_else(|| {
             ServiceError::NotFound(format!(
                 "no remote '{name}' (add one with tank remote add {name} --endpoint ...)"
@@ -189,7 +218,10 @@ impl Service {
         Ok((r, b, prefix))
     }
 
-    fn backup_send(
+    /// Stores the stream of `snapshot` (since `from`) under `url`; counted in `outer` (a
+    /// replication task's job) or in a job of its own.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backup_send(
         &self,
         ctx: &mut Ctx,
         snapshot: &str,
@@ -197,7 +229,8 @@ impl Service {
         intermediates: bool,
         remote: &str,
         url: &str,
-    ) -> Res<Response> {
+        outer: Option<&Arc<Progress>>,
+    ) -> Res<BackupOutcome> {
         let (r, bucket, prefix) = self.remote_bucket(remote, url)?;
         let o = self.open_pool(pool_of(snapshot), ctx)?;
         let transfer =
@@ -225,11 +258,11 @@ impl Service {
         let (existing, _) = list_backups(bucket.as_ref(), &prefix)?;
         if existing.iter().any(|m| m.object == key) {
             ctx.note(format!("{snapshot} is stored there already ({key})"));
-            return Ok(Response::Transferred {
+            return Ok(BackupOutcome {
                 snapshots: vec![],
-                bytes: 0,
-                rolled_back: vec![],
-                skipped: vec![snapshot.to_string()],
+                size: 0,
+                stored_already: true,
+                line: format!("{snapshot} is stored there already"),
             });
         }
         let opts = SendOptions {
@@ -272,8 +305,17 @@ impl Service {
         };
         accounts.put_setting(UPLOADS, &state_key, &state)?;
         let resumed = !have.is_empty();
-        let job = Progress::new("backup", snapshot, est);
-        self.jobs.start(job.clone());
+        let job = match outer {
+            Some(j) => {
+                j.set_total(est);
+                j.clone()
+            }
+            None => {
+                let j = Progress::new("backup", snapshot, est);
+                self.jobs.start(j.clone());
+                j
+            }
+        };
         let start = std::time::Instant::now();
         let result = (|| -> Res<(backup::UploadSummary, u64, Vec<String>)> {
             let jp = job.clone();
@@ -322,7 +364,9 @@ impl Service {
                     None,
                     format!("snapshot={snapshot} url={url} error={e}"),
                 );
-                job.end(Err(e.to_string()));
+                if outer.is_none() {
+                    job.end(Err(e.to_string()));
+                }
                 return Err(ServiceError::Failed(format!(
                     "{e}\nthe upload is kept: the same command again resumes it (the parts \
                      the store has are not sent again)"
@@ -381,14 +425,16 @@ impl Service {
             },
             if crypt.is_some() { ", encrypted" } else { "" }
         );
-        job.end(Ok(line.clone()));
-        ctx.note(line);
+        if outer.is_none() {
+            job.end(Ok(line.clone()));
+        }
+        ctx.note(line.clone());
         o.pool.log_history(&ctx.command);
-        Ok(Response::Transferred {
+        Ok(BackupOutcome {
             snapshots,
-            bytes: summary.size,
-            rolled_back: vec![],
-            skipped: vec![],
+            size: summary.size,
+            stored_already: false,
+            line,
         })
     }
 
@@ -545,6 +591,115 @@ impl Service {
         }
         Ok(got)
     }
+}
+
+impl Service {
+    /// A replication task's run to an `s3://` target: the streams since the newest snapshot
+    /// stored there (or the task's cursor bookmark), stored as backups; a new chain with a
+    /// full stream when there is none, or once the chain has `full_every` streams; with
+    /// `prune`, the chains none of whose snapshots the source has are deleted (never the
+    /// newest chain).
+    pub(crate) fn replicate_s3(
+        &self,
+        spec: &ReplicationSpec,
+        job: &Arc<Progress>,
+        snaps: &[Snap],
+        cursor: Option<(&str, u64)>,
+    ) -> Res<RunOutcome> {
+        let remote = spec
+            .remote
+            .as_deref()
+            .ok_or_else(|| ServiceError::Invalid("an s3:// target needs --remote NAME".into()))?;
+        let (_, bucket, prefix) = self.remote_bucket(remote, &spec.target)?;
+        let (manifests, _) = list_backups(bucket.as_ref(), &prefix)?;
+        let stored: HashSet<u64> = manifests.iter().map(|m| m.to_guid).collect();
+        let newest = snaps.last().cloned().expect("checked by the caller");
+        let full_name = |s: &Snap| format!("{}@{}", spec.source, s.0);
+        let caller = Caller::Admin {
+            name: "replication".into(),
+        };
+        let mut ctx = Ctx {
+            caller: &caller,
+            command: format!("replicate {}", spec.name),
+            notes: Vec::new(),
+        };
+        let mut out = RunOutcome {
+            sent: Vec::new(),
+            bytes: 0,
+            pruned: Vec::new(),
+            newest: Some(newest.clone()),
+            resumed: false,
+        };
+        let mut send = |out: &mut RunOutcome, snap: &str, from: Option<String>, inter: bool| {
+            let b =
+                self.backup_send(&mut ctx, snap, from, inter, remote, &spec.target, Some(job))?;
+            out.resumed |= b.line.contains("resumed");
+            out.bytes += b.size;
+            out.sent.extend(b.snapshots);
+            Res::Ok(())
+        };
+        let chain_len = backup::chain(&manifests, None, &[]).map_or(0, |c| c.len());
+        let new_chain = spec.full_every > 0 && chain_len >= spec.full_every as usize;
+        match base_of(spec, snaps, cursor, &stored) {
+            Some((b, _)) if b == full_name(&newest) => {}
+            Some(_) if new_chain => send(&mut out, &full_name(&newest), None, false)?,
+            Some((b, is_snap)) => send(&mut out, &full_name(&newest), Some(b), is_snap)?,
+            None => {
+                // The first run: the oldest snapshot whole, then the rest.
+                let first = full_name(&snaps[0]);
+                send(&mut out, &first, None, false)?;
+                if first != full_name(&newest) {
+                    send(&mut out, &full_name(&newest), Some(first), true)?;
+                }
+            }
+        }
+        if spec.prune {
+            let (manifests, _) = list_backups(bucket.as_ref(), &prefix)?;
+            let on_source: HashSet<u64> = snaps.iter().map(|s| s.1).collect();
+            let chains = chains_of(&manifests);
+            let newest_chain = chains
+                .iter()
+                .position(|c| c.iter().any(|m| m.to_guid == newest.1));
+            for (i, c) in chains.iter().enumerate() {
+                if Some(i) == newest_chain || c.iter().any(|m| on_source.contains(&m.to_guid)) {
+                    continue;
+                }
+                // Manifests first: a chain half deleted is never restored from.
+                for m in c {
+                    bucket
+                        .delete(&backup::manifest_key(&m.object))
+                        .map_err(failed)?;
+                }
+                for m in c {
+                    bucket.delete(&m.object).map_err(failed)?;
+                    out.pruned.push(m.object.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The chains of `manifests`: each starts with a full stream; an increment joins the newest
+/// chain holding its base.
+fn chains_of(manifests: &[Manifest]) -> Vec<Vec<&Manifest>> {
+    let mut sorted: Vec<&Manifest> = manifests.iter().collect();
+    sorted.sort_by_key(|m| (m.creation, m.stored));
+    let mut chains: Vec<Vec<&Manifest>> = Vec::new();
+    for m in sorted {
+        let home = (m.from_guid != 0)
+            .then(|| {
+                chains
+                    .iter()
+                    .rposition(|c| c.iter().any(|x| x.to_guid == m.from_guid))
+            })
+            .flatten();
+        match home {
+            Some(i) => chains[i].push(m),
+            None => chains.push(vec![m]),
+        }
+    }
+    chains
 }
 
 /// The manifests under `prefix` (directly under it), and the stream objects without one.

@@ -313,15 +313,33 @@ fn send_request(
 }
 
 /// A snapshot of the source: (short name, guid, creation).
-type Snap = (String, u64, u64);
+pub(crate) type Snap = (String, u64, u64);
+
+/// The incremental base of a run: the newest snapshot of the source the target has, else
+/// the task's cursor bookmark if the target has its snapshot; with whether it is a snapshot
+/// (which `-I` may start from). `None`: nothing in common.
+pub(crate) fn base_of(
+    spec: &ReplicationSpec,
+    snaps: &[Snap],
+    cursor: Option<(&str, u64)>,
+    on_target: &HashSet<u64>,
+) -> Option<(String, bool)> {
+    match snaps.iter().rev().find(|s| on_target.contains(&s.1)) {
+        Some(c) => Some((format!("{}@{}", spec.source, c.0), true)),
+        None => match cursor {
+            Some((name, g)) if on_target.contains(&g) => Some((name.to_string(), false)),
+            _ => None,
+        },
+    }
+}
 
 /// What one run did.
-struct RunOutcome {
-    sent: Vec<String>,
-    bytes: u64,
-    pruned: Vec<String>,
-    newest: Option<Snap>,
-    resumed: bool,
+pub(crate) struct RunOutcome {
+    pub sent: Vec<String>,
+    pub bytes: u64,
+    pub pruned: Vec<String>,
+    pub newest: Option<Snap>,
+    pub resumed: bool,
 }
 
 impl Service {
@@ -330,7 +348,15 @@ impl Service {
         match req {
             Request::ReplicationAdd { task } => {
                 validate_name("replication task", &task.name)?;
-                SshTarget::parse(&task.target)?;
+                if task.target.starts_with("s3://") {
+                    let remote = task.remote.as_deref().ok_or_else(|| {
+                        ServiceError::Invalid("an s3:// target needs --remote NAME".into())
+                    })?;
+                    // The remote and the address must be usable now.
+                    self.remote_bucket(remote, &task.target)?;
+                } else {
+                    SshTarget::parse(&task.target)?;
+                }
                 if task.remote_tank.trim().is_empty() {
                     return Err(ServiceError::Invalid("--remote-tank is empty".into()));
                 }
@@ -705,7 +731,6 @@ impl Service {
     }
 
     fn replicate(&self, spec: &ReplicationSpec, job: &Arc<Progress>) -> Res<RunOutcome> {
-        let t = SshTarget::parse(&spec.target)?;
         let snaps = self.source_snapshots(&spec.source).ok_or_else(|| {
             ServiceError::NotFound(format!(
                 "the source '{}' is not there (its pool is not imported, or it was destroyed)",
@@ -723,6 +748,57 @@ impl Service {
             .into_iter()
             .find(|o| o.pool.name() == pool_of(&spec.source))
             .ok_or_else(|| ServiceError::NotFound(spec.source.clone()))?;
+        let cursor = format!("{}#tank_repl_{}", spec.source, spec.name);
+        let cursor_guid = o
+            .dsl
+            .resolve(&spec.source)
+            .and_then(|id| o.dsl.record(id))
+            .ok()
+            .and_then(|r| {
+                r.bookmarks
+                    .iter()
+                    .find(|b| format!("{}#{}", spec.source, b.name) == cursor || b.name == cursor)
+                    .map(|b| b.guid)
+            });
+        let out = if spec.target.starts_with("s3://") {
+            self.replicate_s3(spec, job, &snaps, cursor_guid.map(|g| (cursor.as_str(), g)))?
+        } else {
+            self.replicate_ssh(
+                spec,
+                job,
+                &o,
+                &snaps,
+                cursor_guid.map(|g| (cursor.as_str(), g)),
+            )?
+        };
+        // The cursor moves to what the target now has.
+        if cursor_guid != Some(newest.1) {
+            if cursor_guid.is_some() {
+                let _ = o.dsl.run(Op::DestroyBookmark {
+                    bookmark: cursor.clone(),
+                });
+            }
+            o.dsl
+                .run(Op::Bookmark {
+                    snapshot: format!("{}@{}", spec.source, newest.0),
+                    bookmark: cursor.clone(),
+                })
+                .map_err(|e| ServiceError::from_anyhow(&anyhow::Error::from(e)))?;
+        }
+        Ok(out)
+    }
+
+    /// A run to another tank host over SSH; `cursor` is the task's bookmark and its guid.
+    fn replicate_ssh(
+        &self,
+        spec: &ReplicationSpec,
+        job: &Arc<Progress>,
+        o: &crate::pools::Opened,
+        snaps: &[Snap],
+        cursor: Option<(&str, u64)>,
+    ) -> Res<RunOutcome> {
+        let t = SshTarget::parse(&spec.target)?;
+        let newest = snaps.last().cloned().expect("checked by the caller");
         let mut out = RunOutcome {
             sent: Vec::new(),
             bytes: 0,
@@ -740,26 +816,7 @@ impl Service {
             ts = target_state(spec, &t)?;
         }
         let on_target: HashSet<u64> = ts.snapshots.iter().map(|s| s.1).collect();
-        let cursor = format!("{}#tank_repl_{}", spec.source, spec.name);
-        let cursor_guid = o
-            .dsl
-            .resolve(&spec.source)
-            .and_then(|id| o.dsl.record(id))
-            .ok()
-            .and_then(|r| {
-                r.bookmarks
-                    .iter()
-                    .find(|b| format!("{}#{}", spec.source, b.name) == cursor || b.name == cursor)
-                    .map(|b| b.guid)
-            });
-        let common = snaps.iter().rev().find(|s| on_target.contains(&s.1));
-        let base: Option<(String, bool)> = match common {
-            Some(c) => Some((format!("{}@{}", spec.source, c.0), true)),
-            None => match cursor_guid {
-                Some(g) if on_target.contains(&g) => Some((cursor.clone(), false)),
-                _ => None,
-            },
-        };
+        let base = base_of(spec, snaps, cursor, &on_target);
         let full_name = |s: &Snap| format!("{}@{}", spec.source, s.0);
         let estimate = |snap: &str, from: Option<String>, inter: bool| {
             send::estimate(
@@ -838,20 +895,6 @@ impl Service {
             out.sent.extend(sent);
         }
         out.newest = Some(newest.clone());
-        // The cursor moves to what the target now has.
-        if cursor_guid != Some(newest.1) {
-            if cursor_guid.is_some() {
-                let _ = o.dsl.run(Op::DestroyBookmark {
-                    bookmark: cursor.clone(),
-                });
-            }
-            o.dsl
-                .run(Op::Bookmark {
-                    snapshot: full_name(&newest),
-                    bookmark: cursor.clone(),
-                })
-                .map_err(|e| ServiceError::from_anyhow(&anyhow::Error::from(e)))?;
-        }
         if spec.prune {
             let ts = target_state(spec, &t)?;
             let on_source: HashSet<u64> = snaps.iter().map(|s| s.1).collect();

@@ -11,7 +11,8 @@ use tank_bench::run::util::{human, parse_size};
 
 #[derive(Subcommand)]
 pub enum ReplicateCmd {
-    /// Add (or change) a task: NAME POOL/DS ssh://[USER@]HOST[:PORT]/POOL/DS.
+    /// Add (or change) a task: NAME POOL/DS ssh://[USER@]HOST[:PORT]/POOL/DS, or NAME POOL/DS
+    /// s3://BUCKET/PREFIX --remote REMOTE (backups).
     Add(AddArgs),
     /// Every task: its state, its last success, its lag and what it sent.
     List {
@@ -30,15 +31,22 @@ pub struct AddArgs {
     name: String,
     /// The dataset whose snapshots are sent.
     source: String,
-    /// Where to: ssh://[USER@]HOST[:PORT]/POOL/DS.
+    /// Where to: ssh://[USER@]HOST[:PORT]/POOL/DS, or s3://BUCKET/PREFIX.
     target: String,
     /// At most this many bytes per second (e.g. 20M).
     #[arg(long, value_name = "RATE")]
     bwlimit: Option<String>,
     /// Destroy the target's schedule snapshots once the source has pruned them (never the
-    /// newest snapshot the two have in common).
+    /// newest snapshot the two have in common); on s3://, delete the chains of backups none
+    /// of whose snapshots the source has (never the newest chain).
     #[arg(long)]
     prune: bool,
+    /// For s3://: the remote (tank remote add) that reaches the bucket.
+    #[arg(long, value_name = "NAME")]
+    remote: Option<String>,
+    /// For s3://: begin a new chain with a full stream once the chain has N streams.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    full_every: u32,
     /// The private key to authenticate with (ssh -i).
     #[arg(long, value_name = "FILE")]
     identity: Option<String>,
@@ -78,6 +86,8 @@ pub fn run(c: ReplicateCmd) -> Result<()> {
                     ssh_options: a.ssh_options,
                     remote_tank: a.remote_tank,
                     auto: !a.manual,
+                    remote: a.remote,
+                    full_every: a.full_every,
                 },
             })?;
             if let Response::Done { message } = r {

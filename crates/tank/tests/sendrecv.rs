@@ -1067,7 +1067,7 @@ fn backups_to_s3_are_restored_to_a_fresh_pool() {
     let net = relay(minio.port);
     let (a, b) = two_hosts(t.path());
     let (ma, mb) = (t.path().join("ma"), t.path().join("mb"));
-    let _da = serve(&a);
+    let (_da, _) = serve_fast(&a);
     let _db = serve(&b);
     create_mounted(&a, "pa/src", &ma);
     let endpoint = format!("http://127.0.0.1:{}", net.port);
@@ -1317,5 +1317,82 @@ fn backups_to_s3_are_restored_to_a_fresh_pool() {
     let err = String::from_utf8_lossy(&r.stderr).into_owned();
     assert!(err.contains("does not authenticate"), "{err}");
     assert!(!names(&b).contains("pb/again"), "{}", names(&b));
+
+    // A replication task to the store: the daemon stores each new snapshot, a new chain
+    // after two streams, and with --prune deletes the chains the source has pruned.
+    let task_url = "s3://backups/task";
+    tank(
+        &a,
+        &[
+            "replicate",
+            "add",
+            "s3bk",
+            "pa/src",
+            task_url,
+            "--remote",
+            "store",
+            "--full-every",
+            "2",
+            "--prune",
+        ],
+    );
+    let stored_up_to = |snap: &str| {
+        let want = format!("pa/src@{snap}");
+        let a = a.clone();
+        move || {
+            let l = tasks(&a);
+            l[0]["status"] == "ok" && l[0]["state"]["last_snapshot"] == want.as_str()
+        }
+    };
+    wait_for("the task to store @4", stored_up_to("4"));
+    snapshot(&a, "pa/src@5");
+    wait_for("the task to store @5", stored_up_to("5"));
+    for n in 1..=4 {
+        tank(&a, &["dataset", "destroy", &format!("pa/src@{n}")]);
+    }
+    change(&ma, 5);
+    snapshot(&a, "pa/src@6");
+    wait_for("the task to store @6", stored_up_to("6"));
+    let listing: serde_json::Value = serde_json::from_str(&tank(
+        &a,
+        &["remote", "list-backups", "store", task_url, "--json"],
+    ))
+    .unwrap();
+    let kept: Vec<(String, Option<String>)> = listing["backups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["snapshot"].as_str().unwrap().to_string(),
+                m["from"].as_str().map(String::from),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            ("5".to_string(), None),
+            ("6".to_string(), Some("5".to_string()))
+        ],
+        "{listing}"
+    );
+    let r = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["receive", "-u", "pb/fromtask", "--from", task_url])
+        .args(["--remote", "store"])
+        .env("TANK_DATA_DIR", &b)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(out.contains("received pb/fromtask@6"), "{out}");
+    let mc = t.path().join("mc");
+    tank(&b, &["mount", "pb/fromtask", mc.to_str().unwrap()]);
+    wait_for("pb/fromtask to mount", || mc.join("round5").exists());
+    assert_same(
+        &walk(&snap_dir(&ma, "6")),
+        &walk(&mc),
+        "restored from the task's backups",
+    );
     drop(minio);
 }
