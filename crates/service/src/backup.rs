@@ -21,7 +21,8 @@
 //! the same plaintext.
 //!
 //! **Upload** ([`Upload`]): multipart, parts of at least 8 MiB (more for streams that would
-//! need over 9,000 parts), each sent with its Content-MD5 so the store checks it. The
+//! need over 9,000 parts), four in flight at once, each sent with its Content-MD5 so the
+//! store checks it. The
 //! upload's id is kept in the settings store until it completes. A resumed upload generates
 //! the stream again (a send is deterministic) and skips every part the store already holds
 //! with the same size and MD5 (its ETag); so only what is missing crosses the network, and
@@ -463,18 +464,33 @@ pub struct UploadSummary {
     pub sent_bytes: u64,
 }
 
-/// A multipart upload as a writer (see the module documentation).
+/// Parts sent at once (as `rclone` and the AWS CLI do, several in flight hide each
+/// request's round trip and the store's own latency).
+pub const PARTS_IN_FLIGHT: usize = 4;
+
+/// A part to send, and what became of one.
+type PartJob = (u16, Vec<u8>, [u8; 16]);
+type PartDone = (u16, Result<String, String>, u64);
+
+/// A multipart upload as a writer (see the module documentation). Parts are hashed here, in
+/// order, and sent by [`PARTS_IN_FLIGHT`] workers; a failed part fails the next write.
 pub struct Upload<'b> {
-    bucket: &'b dyn Bucket,
     key: String,
     upload: String,
+    bucket: std::sync::Arc<dyn Bucket>,
     part: usize,
     buf: Vec<u8>,
-    etags: Vec<String>,
+    /// ETags by part number - 1, as they are known.
+    etags: Vec<Option<String>>,
     have: Vec<PartEntry>,
     hash: sha2::Sha256,
     summary: UploadSummary,
-    /// Called with the bytes written so far, after each part.
+    jobs: Option<crossbeam_channel::Sender<PartJob>>,
+    done: crossbeam_channel::Receiver<PartDone>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    /// Bytes the store has acknowledged (or held already).
+    acked: u64,
+    /// Called with the bytes stored so far, as parts complete.
     progress: Box<dyn FnMut(u64) + 'b>,
     canceled: Box<dyn Fn() -> bool + 'b>,
 }
@@ -482,7 +498,7 @@ pub struct Upload<'b> {
 impl<'b> Upload<'b> {
     /// Goes on with upload `upload` (whose parts the store lists in `have`), or a new one.
     pub fn new(
-        bucket: &'b dyn Bucket,
+        bucket: std::sync::Arc<dyn Bucket>,
         key: &str,
         upload: String,
         part: usize,
@@ -490,70 +506,141 @@ impl<'b> Upload<'b> {
         progress: Box<dyn FnMut(u64) + 'b>,
         canceled: Box<dyn Fn() -> bool + 'b>,
     ) -> Self {
+        let (jobs, inbox) = crossbeam_channel::bounded::<PartJob>(PARTS_IN_FLIGHT);
+        let (report, done) = crossbeam_channel::unbounded::<PartDone>();
+        let workers = (0..PARTS_IN_FLIGHT)
+            .map(|_| {
+                let (inbox, report) = (inbox.clone(), report.clone());
+                let (bucket, key, upload) = (bucket.clone(), key.to_string(), upload.clone());
+                std::thread::spawn(move || {
+                    for (number, data, md5) in inbox {
+                        let r = bucket.upload_part(&key, &upload, number, &data, &md5);
+                        if report.send((number, r, data.len() as u64)).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
         Upload {
-            bucket,
             key: key.to_string(),
             upload,
+            bucket,
             part,
             buf: Vec::with_capacity(part),
             etags: Vec::new(),
             have,
             hash: sha2::Sha256::new(),
             summary: UploadSummary::default(),
+            jobs: Some(jobs),
+            done,
+            workers,
+            acked: 0,
             progress,
             canceled,
         }
+    }
+
+    /// Takes in what the workers finished; the first failure, if any.
+    fn collect(&mut self, wait: bool) -> io::Result<()> {
+        let next = |rx: &crossbeam_channel::Receiver<PartDone>| {
+            if wait {
+                rx.recv().ok()
+            } else {
+                rx.try_recv().ok()
+            }
+        };
+        while let Some((number, r, len)) = next(&self.done) {
+            match r {
+                Ok(etag) => {
+                    self.etags[usize::from(number) - 1] = Some(etag);
+                    self.acked += len;
+                    self.summary.sent_bytes += len;
+                    (self.progress)(self.acked);
+                }
+                Err(e) => return Err(io::Error::other(format!("part {number}: {e}"))),
+            }
+        }
+        Ok(())
     }
 
     fn emit(&mut self) -> io::Result<()> {
         if (self.canceled)() {
             return Err(io::Error::other("the backup was canceled"));
         }
+        self.collect(false)?;
         let number = u16::try_from(self.etags.len() + 1)
             .ok()
             .filter(|n| *n <= 10_000)
             .ok_or_else(|| io::Error::other("a stream of over 10,000 parts"))?;
         let md5: [u8; 16] = md5::Md5::digest(&self.buf).into();
-        let want = format!("\"{}\"", hex(&md5));
-        let held = self.have.iter().find(|p| {
-            p.number == number
-                && p.size == self.buf.len() as u64
-                && p.etag.trim_matches('"') == want.trim_matches('"')
-        });
-        let etag = match held {
-            Some(p) => {
+        let want = hex(&md5);
+        let len = self.buf.len() as u64;
+        let held = self
+            .have
+            .iter()
+            .find(|p| p.number == number && p.size == len && p.etag.trim_matches('"') == want)
+            .map(|p| p.etag.clone());
+        self.hash.update(&self.buf);
+        self.summary.size += len;
+        self.summary.parts += 1;
+        match held {
+            Some(etag) => {
                 self.summary.skipped += 1;
-                p.etag.clone()
+                self.etags.push(Some(etag));
+                self.acked += len;
+                (self.progress)(self.acked);
+                self.buf.clear();
             }
             None => {
-                let e = self
-                    .bucket
-                    .upload_part(&self.key, &self.upload, number, &self.buf, &md5)
-                    .map_err(|e| io::Error::other(format!("part {number}: {e}")))?;
-                self.summary.sent_bytes += self.buf.len() as u64;
-                e
+                self.etags.push(None);
+                let data = std::mem::replace(&mut self.buf, Vec::with_capacity(self.part));
+                self.jobs
+                    .as_ref()
+                    .expect("open until finish")
+                    .send((number, data, md5))
+                    .map_err(|_| io::Error::other("the upload's workers stopped"))?;
             }
-        };
-        self.etags.push(etag);
-        self.hash.update(&self.buf);
-        self.summary.size += self.buf.len() as u64;
-        self.summary.parts += 1;
-        self.buf.clear();
-        (self.progress)(self.summary.size);
+        }
         Ok(())
     }
 
-    /// Sends the last part and assembles the object.
+    /// Sends the last part, waits for every part, and assembles the object.
     pub fn finish(mut self) -> Result<UploadSummary, String> {
         if !self.buf.is_empty() || self.etags.is_empty() {
             self.emit().map_err(|e| e.to_string())?;
         }
+        self.jobs = None;
+        let waited = self.collect(true);
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        waited.map_err(|e| e.to_string())?;
+        let etags: Vec<String> = self
+            .etags
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                e.clone()
+                    .ok_or_else(|| format!("part {} was not stored", i + 1))
+            })
+            .collect::<Result<_, _>>()?;
         self.bucket
-            .complete(&self.key, &self.upload, &self.etags)
+            .complete(&self.key, &self.upload, &etags)
             .map_err(|e| format!("cannot complete the upload of {}: {e}", self.key))?;
-        let mut s = self.summary;
-        s.sha256 = hex(&self.hash.finalize());
+        let mut s = std::mem::take(&mut self.summary);
+        s.sha256 = hex(&self.hash.clone().finalize());
         Ok(s)
+    }
+}
+
+impl Drop for Upload<'_> {
+    fn drop(&mut self) {
+        // A failed or abandoned upload: the workers finish what they hold, then stop.
+        self.jobs = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
     }
 }
 
@@ -706,6 +793,138 @@ mod tests {
         assert_eq!(part_size(1 << 40), 117 << 20);
         assert!(parse_key("00").is_err());
         assert_eq!(parse_key(&"ab".repeat(32)).unwrap(), [0xab; 32]);
+    }
+
+    /// A bucket in memory: objects, uploads' parts, and a part number that fails.
+    #[derive(Default)]
+    struct MemBucket {
+        objects: parking_lot::Mutex<std::collections::BTreeMap<String, Vec<u8>>>,
+        parts: parking_lot::Mutex<std::collections::BTreeMap<u16, Vec<u8>>>,
+        sent: std::sync::atomic::AtomicUsize,
+        fail: Option<u16>,
+    }
+
+    impl Bucket for MemBucket {
+        fn put(&self, key: &str, data: &[u8]) -> Result<(), String> {
+            self.objects.lock().insert(key.into(), data.to_vec());
+            Ok(())
+        }
+        fn get(&self, key: &str) -> Result<Box<dyn Read + Send>, String> {
+            let o = self.objects.lock().get(key).cloned().ok_or("NoSuchKey")?;
+            Ok(Box::new(io::Cursor::new(o)))
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<ObjectEntry>, String> {
+            Ok(self
+                .objects
+                .lock()
+                .iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| ObjectEntry {
+                    key: k.clone(),
+                    size: v.len() as u64,
+                })
+                .collect())
+        }
+        fn delete(&self, key: &str) -> Result<(), String> {
+            self.objects.lock().remove(key);
+            Ok(())
+        }
+        fn create_multipart(&self, _: &str) -> Result<String, String> {
+            Ok("u1".into())
+        }
+        fn upload_part(
+            &self,
+            _: &str,
+            _: &str,
+            number: u16,
+            data: &[u8],
+            md5: &[u8; 16],
+        ) -> Result<String, String> {
+            if Some(number) == self.fail {
+                return Err("503 SlowDown".into());
+            }
+            let sum: [u8; 16] = md5::Md5::digest(data).into();
+            if sum != *md5 {
+                return Err("400 BadDigest".into());
+            }
+            self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.parts.lock().insert(number, data.to_vec());
+            Ok(format!("\"{}\"", hex(md5)))
+        }
+        fn list_parts(&self, _: &str, _: &str) -> Result<Option<Vec<PartEntry>>, String> {
+            Ok(Some(
+                self.parts
+                    .lock()
+                    .iter()
+                    .map(|(n, d)| PartEntry {
+                        number: *n,
+                        etag: format!("\"{}\"", hex(&md5::Md5::digest(d))),
+                        size: d.len() as u64,
+                    })
+                    .collect(),
+            ))
+        }
+        fn complete(&self, key: &str, _: &str, etags: &[String]) -> Result<(), String> {
+            let parts = self.parts.lock();
+            let mut whole = Vec::new();
+            for (i, e) in etags.iter().enumerate() {
+                let d = parts.get(&(i as u16 + 1)).ok_or("InvalidPart")?;
+                if *e != format!("\"{}\"", hex(&md5::Md5::digest(d))) {
+                    return Err("InvalidPart".into());
+                }
+                whole.extend_from_slice(d);
+            }
+            self.objects.lock().insert(key.into(), whole);
+            Ok(())
+        }
+        fn abort(&self, _: &str, _: &str) -> Result<(), String> {
+            self.parts.lock().clear();
+            Ok(())
+        }
+    }
+
+    fn upload(b: &std::sync::Arc<MemBucket>, data: &[u8]) -> Result<UploadSummary, String> {
+        let have = b.list_parts("k", "u1")?.unwrap_or_default();
+        let mut up = Upload::new(
+            b.clone(),
+            "k",
+            "u1".into(),
+            MIN_PART,
+            have,
+            Box::new(|_| {}),
+            Box::new(|| false),
+        );
+        up.write_all(data).map_err(|e| e.to_string())?;
+        up.finish()
+    }
+
+    #[test]
+    fn uploads_go_in_parts_and_resume_with_what_the_store_has() {
+        let data: Vec<u8> = (0..5 * MIN_PART + 77).map(|i| (i % 253) as u8).collect();
+        // Part 4 fails: the upload fails, and parts before it are kept.
+        let b = std::sync::Arc::new(MemBucket {
+            fail: Some(4),
+            ..Default::default()
+        });
+        let err = upload(&b, &data).unwrap_err();
+        assert!(err.contains("part 4") && err.contains("SlowDown"), "{err}");
+        assert!(b.objects.lock().is_empty());
+        // One kept part is damaged in the store: it is sent again with the missing ones.
+        b.parts.lock().get_mut(&2).unwrap()[9] ^= 1;
+        let before = b.sent.load(std::sync::atomic::Ordering::SeqCst);
+        let ok = std::sync::Arc::new(MemBucket::default());
+        *ok.parts.lock() = b.parts.lock().clone();
+        let s = upload(&ok, &data).unwrap();
+        assert_eq!(s.parts, 6);
+        assert_eq!(
+            s.skipped + ok.sent.load(std::sync::atomic::Ordering::SeqCst),
+            6
+        );
+        assert!(s.skipped >= 1 && before >= 1, "{s:?}");
+        assert!(ok.parts.lock().len() == 6);
+        assert_eq!(ok.objects.lock().get("k").unwrap(), &data);
+        assert_eq!(s.sha256, hex(&sha2::Sha256::digest(&data)));
+        assert_eq!(s.size, data.len() as u64);
     }
 
     fn m(snap: &str, to: u64, from: u64, creation: u64) -> Manifest {

@@ -56,8 +56,8 @@ pub(crate) struct BackupOutcome {
     pub snapshots: Vec<String>,
     pub size: u64,
     pub stored_already: bool,
-    /// What it did, as a line for the user.
-    pub line: String,
+    /// Whether it went on with an upload begun before.
+    pub resumed: bool,
 }
 
 /// Counts the bytes written through it.
@@ -201,7 +201,7 @@ impl Service {
         &self,
         name: &str,
         url: &str,
-    ) -> Res<(Remote, Box<dyn Bucket>, String)> {
+    ) -> Res<(Remote, Arc<dyn Bucket>, String)> {
         let r: Remote = self.accounts()?.setting(REMOTES, name)?.ok_or_else(|| {
             ServiceError::NotFound(format!(
                 "no remote '{name}' (add one with tank remote add {name} --endpoint ...)"
@@ -215,7 +215,7 @@ impl Service {
         let b = connector
             .connect(&r, &bucket)
             .map_err(ServiceError::Invalid)?;
-        Ok((r, b, prefix))
+        Ok((r, Arc::from(b), prefix))
     }
 
     /// Stores the stream of `snapshot` (since `from`) under `url`; counted in `outer` (a
@@ -262,7 +262,7 @@ impl Service {
                 snapshots: vec![],
                 size: 0,
                 stored_already: true,
-                line: format!("{snapshot} is stored there already"),
+                resumed: false,
             });
         }
         let opts = SendOptions {
@@ -321,7 +321,7 @@ impl Service {
             let jp = job.clone();
             let jc = job.clone();
             let up = Upload::new(
-                bucket.as_ref(),
+                bucket.clone(),
                 &key,
                 state.upload.clone(),
                 state.part,
@@ -428,13 +428,13 @@ impl Service {
         if outer.is_none() {
             job.end(Ok(line.clone()));
         }
-        ctx.note(line.clone());
+        ctx.note(line);
         o.pool.log_history(&ctx.command);
         Ok(BackupOutcome {
             snapshots,
             size: summary.size,
             stored_already: false,
-            line,
+            resumed,
         })
     }
 
@@ -633,7 +633,7 @@ impl Service {
         let mut send = |out: &mut RunOutcome, snap: &str, from: Option<String>, inter: bool| {
             let b =
                 self.backup_send(&mut ctx, snap, from, inter, remote, &spec.target, Some(job))?;
-            out.resumed |= b.line.contains("resumed");
+            out.resumed |= b.resumed;
             out.bytes += b.size;
             out.sent.extend(b.snapshots);
             Res::Ok(())

@@ -59,11 +59,11 @@ struct Phase {
 }
 
 /// A server under test.
-struct Server {
+pub(crate) struct Server {
     child: Daemon,
-    addr: String,
-    access_key: String,
-    secret_key: String,
+    pub(crate) addr: String,
+    pub(crate) access_key: String,
+    pub(crate) secret_key: String,
 }
 
 /// CPU seconds a process has used (user and system), from /proc.
@@ -109,7 +109,7 @@ fn start_tank(dir: &Path) -> Result<Server> {
 }
 
 /// Why MinIO cannot be measured here, if it cannot.
-fn minio_missing() -> Option<String> {
+pub(crate) fn minio_missing() -> Option<String> {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join("minio").is_file()))
         .unwrap_or(false);
@@ -119,7 +119,7 @@ fn minio_missing() -> Option<String> {
     })
 }
 
-fn start_minio(dir: &Path) -> Result<Server> {
+pub(crate) fn start_minio(dir: &Path) -> Result<Server> {
     let port = free_port()?;
     let console = free_port()?;
     let drives: Vec<String> = (1..=6)

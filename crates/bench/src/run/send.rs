@@ -19,6 +19,13 @@
 //! start of `send` to the end of `receive` (which returns once what it received is
 //! committed). Each figure is the median of `--runs` runs; each ratio is computed per run,
 //! then medianed.
+//!
+//! With `--s3`: MinIO (6 drive directories in the bench directory, erasure coded EC:2, as the
+//! S3 benchmark runs it) on 127.0.0.1; each run, from a cold source, `tank send @1 --to
+//! s3://...` through a plain remote and through an encrypted one, and `rclone copy` (its
+//! defaults: 4 transfers, multipart uploads, MD5 checks) of a file of the same size and kind
+//! of data from the same disk, cold too. Rates are the stream's (or the file's) bytes over
+//! the command's wall time.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -52,6 +59,10 @@ pub struct SendBenchArgs {
     /// Leave zfs-fuse out.
     #[arg(long)]
     no_peer: bool,
+    /// Also back the full stream up to an S3 server (MinIO on 127.0.0.1, from the PATH),
+    /// plain and encrypted, against `rclone copy` of the same number of bytes to it.
+    #[arg(long)]
+    s3: bool,
 }
 
 const BLOCK: u64 = 128 << 10;
@@ -390,7 +401,6 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
         );
         rows.push((t, z, c));
     }
-    tank.stop();
     let mb = |s: f64| size as f64 / s / 1e6;
     let med = |f: &dyn Fn(&Row) -> f64| median(&mut rows.iter().map(f).collect::<Vec<f64>>());
     println!();
@@ -431,8 +441,127 @@ pub fn run(a: SendBenchArgs) -> Result<()> {
         );
     }
     drop(zfs);
+    if !a.s3 {
+        tank.stop();
+    }
+    if a.s3 {
+        s3_backups(&a, &mut tank, &base_src, size)?;
+    }
     let _ = std::fs::remove_file(&base_src);
     let _ = std::fs::remove_dir_all(&tank.a);
     let _ = std::fs::remove_dir_all(&tank.b);
+    Ok(())
+}
+
+/// `--s3`: the backup rate against `rclone copy` (see the module documentation).
+fn s3_backups(a: &SendBenchArgs, tank: &mut TankSide, file: &Path, size: u64) -> Result<()> {
+    if let Some(why) = crate::run::s3::minio_missing() {
+        bail!("{why}");
+    }
+    let which = Command::new("rclone").arg("version").output();
+    if !which.is_ok_and(|o| o.status.success()) {
+        bail!("rclone is not installed (Debian's rclone)");
+    }
+    let dir = a.dir.join("send-minio");
+    let _ = std::fs::remove_dir_all(&dir);
+    let server = crate::run::s3::start_minio(&dir)?;
+    let endpoint = format!("http://{}", server.addr);
+    for (name, extra) in [("bench", None), ("benchenc", Some("--encrypt"))] {
+        let mut args = vec![
+            "remote",
+            "add",
+            name,
+            "--endpoint",
+            &endpoint,
+            "--access-key",
+            &server.access_key,
+            "--secret-key",
+            &server.secret_key,
+        ];
+        args.extend(extra);
+        tank_cli(&tank.a, &args, None)?;
+    }
+    let exe = std::env::current_exe()?;
+    let mut rows: Vec<(f64, f64, f64)> = Vec::new();
+    println!();
+    println!(
+        "backup of the full stream ({}) to MinIO against rclone copy of a file of that size",
+        human(size)
+    );
+    for run in 0..a.runs {
+        let mut timed = |remote: &str| -> Result<f64> {
+            tank.source = None;
+            drop_caches(std::slice::from_ref(&tank.dev_a))?;
+            tank.start()?;
+            let t = Instant::now();
+            let out = Command::new(&exe)
+                .args(["send", "bsenda/fs@1", "--to"])
+                .arg(format!("s3://bench/run{run}/{remote}"))
+                .args(["--remote", remote])
+                .env("TANK_DATA_DIR", &tank.a)
+                .output()?;
+            let secs = t.elapsed().as_secs_f64();
+            if !out.status.success() {
+                bail!(
+                    "tank send --to: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok(secs)
+        };
+        let plain = timed("bench")?;
+        let enc = timed("benchenc")?;
+        drop_caches(&[file.to_string_lossy().into_owned()])?;
+        let t = Instant::now();
+        let out = Command::new("rclone")
+            .arg("copy")
+            .arg(file)
+            .arg(format!("minio:bench/run{run}/rclone"))
+            .env("RCLONE_CONFIG_MINIO_TYPE", "s3")
+            .env("RCLONE_CONFIG_MINIO_PROVIDER", "Minio")
+            .env("RCLONE_CONFIG_MINIO_ENDPOINT", &endpoint)
+            .env("RCLONE_CONFIG_MINIO_ACCESS_KEY_ID", &server.access_key)
+            .env("RCLONE_CONFIG_MINIO_SECRET_ACCESS_KEY", &server.secret_key)
+            .env("RCLONE_CONFIG_MINIO_REGION", "us-east-1")
+            .output()?;
+        let rc = t.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!(
+                "rclone copy: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        println!(
+            "run {}: tank backup {plain:.2} s, encrypted {enc:.2} s; rclone copy {rc:.2} s",
+            run + 1
+        );
+        rows.push((plain, enc, rc));
+    }
+    tank.stop();
+    let mb = |s: f64| size as f64 / s / 1e6;
+    let med =
+        |f: &dyn Fn(&(f64, f64, f64)) -> f64| median(&mut rows.iter().map(f).collect::<Vec<f64>>());
+    println!();
+    println!("| | rate | time | / rclone copy (speed) |");
+    println!("|---|---|---|---|");
+    println!(
+        "| rclone copy of the file | {:.0} MB/s | {:.2} s | |",
+        med(&|r| mb(r.2)),
+        med(&|r| r.2)
+    );
+    println!(
+        "| tank send --to s3:// | {:.0} MB/s | {:.2} s | **{:.2}** |",
+        med(&|r| mb(r.0)),
+        med(&|r| r.0),
+        med(&|r| r.2 / r.0)
+    );
+    println!(
+        "| tank send --to s3://, encrypted | {:.0} MB/s | {:.2} s | **{:.2}** |",
+        med(&|r| mb(r.1)),
+        med(&|r| r.1),
+        med(&|r| r.2 / r.1)
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
