@@ -523,6 +523,9 @@ fn s3_backups(a: &SendBenchArgs, tank: &mut TankSide, file: &Path, size: u64) ->
             .env("RCLONE_CONFIG_MINIO_ACCESS_KEY_ID", &server.access_key)
             .env("RCLONE_CONFIG_MINIO_SECRET_ACCESS_KEY", &server.secret_key)
             .env("RCLONE_CONFIG_MINIO_REGION", "us-east-1")
+            // A CA bundle for TLS set in the environment makes the AWS SDK in rclone refuse
+            // its plain-HTTP transport; the endpoint here is plain HTTP.
+            .env_remove("AWS_CA_BUNDLE")
             .output()?;
         let rc = t.elapsed().as_secs_f64();
         if !out.status.success() {
