@@ -441,6 +441,51 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A writer paced to `limit` bytes per second (none: as fast as it goes).
+pub struct Throttle<W: Write> {
+    pub inner: W,
+    limit: Option<u64>,
+    start: std::time::Instant,
+    /// Bytes written through it.
+    pub bytes: u64,
+}
+
+impl<W: Write> Throttle<W> {
+    pub fn new(inner: W, limit: Option<u64>) -> Self {
+        Throttle {
+            inner,
+            limit,
+            start: std::time::Instant::now(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<W: Write> Write for Throttle<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = match self.limit {
+            // At most a tenth of a second's worth at a time, then wait until the rate is
+            // back under the limit.
+            Some(l) => buf.len().min((l / 10).max(4096) as usize),
+            None => buf.len(),
+        };
+        let n = self.inner.write(&buf[..n])?;
+        self.bytes += n as u64;
+        if let Some(l) = self.limit {
+            let due = std::time::Duration::from_secs_f64(self.bytes as f64 / l.max(1) as f64);
+            let spent = self.start.elapsed();
+            if due > spent {
+                std::thread::sleep(due - spent);
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 // ---- multipart upload ----
 
 /// Smallest part (S3's minimum is 5 MiB for all but the last).

@@ -173,7 +173,16 @@ impl Service {
                 remote,
                 url,
             } => self
-                .backup_send(ctx, &snapshot, from, intermediates, &remote, &url, None)
+                .backup_send(
+                    ctx,
+                    &snapshot,
+                    from,
+                    intermediates,
+                    &remote,
+                    &url,
+                    None,
+                    None,
+                )
                 .map(|b| Response::Transferred {
                     bytes: b.size,
                     skipped: if b.stored_already {
@@ -230,6 +239,7 @@ impl Service {
         remote: &str,
         url: &str,
         outer: Option<&Arc<Progress>>,
+        bwlimit: Option<u64>,
     ) -> Res<BackupOutcome> {
         let (r, bucket, prefix) = self.remote_bucket(remote, url)?;
         let o = self.open_pool(pool_of(snapshot), ctx)?;
@@ -332,6 +342,8 @@ impl Service {
                 Box::new(move || jc.canceled()),
             );
             let mut nothing = |_: u64| {};
+            // Paced (a task's --bwlimit) as the bytes leave for the store.
+            let up = backup::Throttle::new(up, bwlimit);
             let (up, sent) = match &crypt {
                 Some(k) => {
                     let mut w = Counting {
@@ -352,7 +364,7 @@ impl Service {
                     (w.inner, s)
                 }
             };
-            let summary = up.finish().map_err(failed)?;
+            let summary = up.inner.finish().map_err(failed)?;
             Ok((summary, sent.bytes, sent.snapshots))
         })();
         let events = o.pool.events.clone();
@@ -631,8 +643,16 @@ impl Service {
             resumed: false,
         };
         let mut send = |out: &mut RunOutcome, snap: &str, from: Option<String>, inter: bool| {
-            let b =
-                self.backup_send(&mut ctx, snap, from, inter, remote, &spec.target, Some(job))?;
+            let b = self.backup_send(
+                &mut ctx,
+                snap,
+                from,
+                inter,
+                remote,
+                &spec.target,
+                Some(job),
+                spec.bwlimit,
+            )?;
             out.resumed |= b.resumed;
             out.bytes += b.size;
             out.sent.extend(b.snapshots);

@@ -244,10 +244,8 @@ fn target_state(spec: &ReplicationSpec, t: &SshTarget) -> Res<TargetState> {
 /// The stream's way to the target: paced to the task's limit, counted in its job, stopped
 /// by a cancel.
 struct Paced<W: Write> {
-    inner: W,
-    limit: Option<u64>,
+    inner: crate::backup::Throttle<W>,
     start: Instant,
-    bytes: u64,
     /// Bytes of the run before this stream (for the job's count).
     before: u64,
     job: Arc<Progress>,
@@ -259,24 +257,10 @@ impl<W: Write> Write for Paced<W> {
         if self.job.canceled() {
             return Err(std::io::Error::other("the replication was canceled"));
         }
-        let n = match self.limit {
-            // At most a tenth of a second's worth at a time, then wait until the rate is
-            // back under the limit.
-            Some(l) => buf.len().min((l / 10).max(4096) as usize),
-            None => buf.len(),
-        };
-        let n = self.inner.write(&buf[..n])?;
-        self.bytes += n as u64;
-        if let Some(l) = self.limit {
-            let due = Duration::from_secs_f64(self.bytes as f64 / l.max(1) as f64);
-            let spent = self.start.elapsed();
-            if due > spent {
-                std::thread::sleep(due - spent);
-            }
-        }
+        let n = self.inner.write(buf)?;
         if self.last.elapsed() >= Duration::from_millis(500) {
             self.last = Instant::now();
-            let done = self.before + self.bytes;
+            let done = self.before + self.inner.bytes;
             self.job
                 .advance(done, self.start.elapsed(), format!("{done} bytes sent"));
         }
@@ -683,14 +667,15 @@ impl Service {
         let stdin = child.stdin.take().expect("piped");
         let mut w = Paced {
             // Under a limit, small writes: the pace is seen downstream, not in bursts.
-            inner: std::io::BufWriter::with_capacity(
-                spec.bwlimit
-                    .map_or(1 << 20, |l| (l / 10).clamp(4096, 1 << 20) as usize),
-                stdin,
+            inner: crate::backup::Throttle::new(
+                std::io::BufWriter::with_capacity(
+                    spec.bwlimit
+                        .map_or(1 << 20, |l| (l / 10).clamp(4096, 1 << 20) as usize),
+                    stdin,
+                ),
+                spec.bwlimit,
             ),
-            limit: spec.bwlimit,
             start: Instant::now(),
-            bytes: 0,
             before,
             job: job.clone(),
             last: Instant::now(),
@@ -705,7 +690,7 @@ impl Service {
             Some(format!("replicate {}", spec.name)),
         );
         let flushed = w.flush();
-        let bytes = w.bytes;
+        let bytes = w.inner.bytes;
         drop(w);
         let status = child.wait();
         let _ = out.join();

@@ -33,7 +33,7 @@ pub struct AddArgs {
     source: String,
     /// Where to: ssh://[USER@]HOST[:PORT]/POOL/DS, or s3://BUCKET/PREFIX.
     target: String,
-    /// At most this many bytes per second (e.g. 20M).
+    /// At most this many bytes per second (e.g. 20M), to either kind of target.
     #[arg(long, value_name = "RATE")]
     bwlimit: Option<String>,
     /// Destroy the target's schedule snapshots once the source has pruned them (never the

@@ -1321,9 +1321,8 @@ fn backups_to_s3_are_restored_to_a_fresh_pool() {
     // A replication task to the store: the daemon stores each new snapshot, a new chain
     // after two streams, and with --prune deletes the chains the source has pruned.
     let task_url = "s3://backups/task";
-    tank(
-        &a,
-        &[
+    let s3_task = |extra: &[&str]| {
+        let mut args = vec![
             "replicate",
             "add",
             "s3bk",
@@ -1334,8 +1333,11 @@ fn backups_to_s3_are_restored_to_a_fresh_pool() {
             "--full-every",
             "2",
             "--prune",
-        ],
-    );
+        ];
+        args.extend_from_slice(extra);
+        tank(&a, &args);
+    };
+    s3_task(&[]);
     let stored_up_to = |snap: &str| {
         let want = format!("pa/src@{snap}");
         let a = a.clone();
@@ -1350,9 +1352,23 @@ fn backups_to_s3_are_restored_to_a_fresh_pool() {
     for n in 1..=4 {
         tank(&a, &["dataset", "destroy", &format!("pa/src@{n}")]);
     }
+    // At most 2 MiB/s from here on.
+    s3_task(&["--bwlimit", "2M"]);
     change(&ma, 5);
     snapshot(&a, "pa/src@6");
     wait_for("the task to store @6", stored_up_to("6"));
+    let l = tasks(&a);
+    let (bytes, secs) = (
+        l[0]["state"]["last_bytes"].as_u64().unwrap(),
+        l[0]["state"]["last_success"].as_u64().unwrap()
+            - l[0]["state"]["last_run"].as_u64().unwrap()
+            + 1,
+    );
+    assert!(bytes > 3 << 20, "{l}");
+    assert!(
+        secs as f64 >= bytes as f64 / (2 << 20) as f64 * 0.8,
+        "{bytes} bytes in {secs} s at 2 MiB/s"
+    );
     let listing: serde_json::Value = serde_json::from_str(&tank(
         &a,
         &["remote", "list-backups", "store", task_url, "--json"],
