@@ -122,9 +122,23 @@ pub fn parse_url(url: &str) -> Result<(String, String), String> {
     Ok((bucket.to_string(), prefix.to_string()))
 }
 
-/// The object name of a stream (and, with `.json` for `.stream`, of its manifest).
-pub fn stream_key(prefix: &str, snapshot: &str, to_guid: u64, from_guid: u64) -> String {
-    let name = format!("{snapshot}.{to_guid:016x}.{from_guid:016x}.stream");
+/// The object name of a stream (and, with `.json` for `.stream`, of its manifest). An
+/// increment with every intermediate snapshot (`-I`) is another stream than the one without
+/// (`-i`): its name says `.I`, so that one name is only ever one stream's (the encryption's
+/// nonces are derived from the name).
+pub fn stream_key(
+    prefix: &str,
+    snapshot: &str,
+    to_guid: u64,
+    from_guid: u64,
+    intermediates: bool,
+) -> String {
+    let all = if intermediates && from_guid != 0 {
+        ".I"
+    } else {
+        ""
+    };
+    let name = format!("{snapshot}.{to_guid:016x}.{from_guid:016x}{all}.stream");
     if prefix.is_empty() {
         name
     } else {
@@ -828,7 +842,15 @@ mod tests {
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
-        let k = stream_key("home", "daily", 0xab, 0);
+        assert_eq!(
+            stream_key("", "d", 2, 1, true),
+            "d.0000000000000002.0000000000000001.I.stream"
+        );
+        assert_ne!(
+            stream_key("", "d", 2, 1, true),
+            stream_key("", "d", 2, 1, false)
+        );
+        let k = stream_key("home", "daily", 0xab, 0, true);
         assert_eq!(k, "home/daily.00000000000000ab.0000000000000000.stream");
         assert_eq!(
             manifest_key(&k),

@@ -263,7 +263,7 @@ impl Service {
             Some(f) => send::base_guid(&o.dsl, snapshot, f).map_err(transfer)?,
             None => 0,
         };
-        let key = backup::stream_key(&prefix, short, rec.guid, from_guid);
+        let key = backup::stream_key(&prefix, short, rec.guid, from_guid, intermediates);
         let mkey = backup::manifest_key(&key);
         let (existing, _) = list_backups(bucket.as_ref(), &prefix)?;
         if existing.iter().any(|m| m.object == key) {
