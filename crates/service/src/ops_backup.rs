@@ -265,8 +265,13 @@ impl Service {
         };
         let key = backup::stream_key(&prefix, short, rec.guid, from_guid, intermediates);
         let mkey = backup::manifest_key(&key);
-        let (existing, _) = list_backups(bucket.as_ref(), &prefix)?;
-        if existing.iter().any(|m| m.object == key) {
+        // Stored already when both the stream and its manifest are there: one listing of
+        // this stream's names, not a read of every manifest under the prefix.
+        let names = bucket
+            .list(key.trim_end_matches(".stream"))
+            .map_err(failed)?;
+        let there = |k: &str| names.iter().any(|o| o.key == k);
+        if there(&key) && there(&mkey) {
             ctx.note(format!("{snapshot} is stored there already ({key})"));
             return Ok(BackupOutcome {
                 snapshots: vec![],
