@@ -35,6 +35,8 @@ pub const FAILURE_WINDOW: Duration = Duration::from_secs(5 * 60);
 const MAX_ENTRIES: usize = 10_000;
 
 pub const COOKIE: &str = "tank_session";
+/// A request a page makes on its own (a refresh), not on a person's action.
+pub const BACKGROUND: &str = "x-tank-background";
 
 #[derive(Clone)]
 pub struct Session {
@@ -109,8 +111,9 @@ impl Auth {
         self.sessions.lock().remove(id).is_some()
     }
 
-    /// The live session `id`, refreshed; an expired one is removed and refused.
-    pub fn session(&self, id: &str) -> Result<Session, ServiceError> {
+    /// The live session `id`, refreshed if `touch` (a person's request, not a page's
+    /// own refresh); an expired one is removed and refused.
+    pub fn session(&self, id: &str, touch: bool) -> Result<Session, ServiceError> {
         let mut s = self.sessions.lock();
         let now = Instant::now();
         match s.get_mut(id) {
@@ -118,7 +121,9 @@ impl Auth {
                 if now.duration_since(v.last) < self.idle
                     && now.duration_since(v.created) < self.max =>
             {
-                v.last = now;
+                if touch {
+                    v.last = now;
+                }
                 Ok(v.clone())
             }
             Some(_) => {
@@ -196,7 +201,9 @@ impl Auth {
             return Ok(caller_of(user));
         }
         if let Some(id) = cookie(headers, COOKIE) {
-            let s = self.session(&id)?;
+            // The console's own refreshes do not keep an idle session alive.
+            let touch = !headers.contains_key(BACKGROUND);
+            let s = self.session(&id, touch)?;
             if changes {
                 let sent = headers
                     .get("x-csrf-token")
@@ -276,30 +283,34 @@ mod tests {
         // Used within the idle time, it lives on, but not past its longest life.
         for _ in 0..3 {
             std::thread::sleep(Duration::from_millis(100));
-            assert!(a.session(&id).is_ok());
+            assert!(a.session(&id, true).is_ok());
         }
         std::thread::sleep(Duration::from_millis(250));
-        let e = a.session(&id).unwrap_err();
+        let e = a.session(&id, true).unwrap_err();
         assert!(e.to_string().contains("expired"), "{e}");
         // And then it is gone.
         assert!(a
-            .session(&id)
+            .session(&id, true)
             .unwrap_err()
             .to_string()
             .contains("no such session"));
         let (id, _) = a.login("alice");
         std::thread::sleep(Duration::from_millis(250));
-        assert!(a.session(&id).unwrap_err().to_string().contains("expired"));
+        assert!(a
+            .session(&id, true)
+            .unwrap_err()
+            .to_string()
+            .contains("expired"));
     }
 
     #[test]
     fn sessions_end_at_logout() {
         let a = Auth::default();
         let (id, csrf) = a.login("alice");
-        assert_eq!(a.session(&id).unwrap().csrf, csrf);
+        assert_eq!(a.session(&id, true).unwrap().csrf, csrf);
         assert!(a.logout(&id));
         assert!(matches!(
-            a.session(&id),
+            a.session(&id, true),
             Err(ServiceError::Unauthenticated(_))
         ));
         assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd"));

@@ -22,6 +22,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod console;
 pub mod metrics;
 pub mod openapi;
 mod routes;

@@ -46,6 +46,17 @@ pub const FIXED: &[(&str, &str, &str)] = &[
         "Pool events and I/O statistics as server-sent events",
     ),
     ("get", "/api/openapi.json", "This document"),
+    (
+        "get",
+        "/",
+        "The web console (with a session; else a redirect to /login)",
+    ),
+    ("get", "/login", "The web console's login page"),
+    (
+        "get",
+        "/console/{name}",
+        "A file of the web console (script, style, chart library, icon)",
+    ),
     ("get", "/metrics", "Metrics in the Prometheus text format"),
 ];
 
@@ -121,6 +132,12 @@ pub fn document() -> Value {
             }
             "/api/openapi.json" => {
                 json!({"description": "this document", "content": {"application/json": {"schema": {"type": "object"}}}})
+            }
+            "/" | "/login" => {
+                json!({"description": "a page", "content": {"text/html": {"schema": {"type": "string"}}}})
+            }
+            "/console/{name}" => {
+                json!({"description": "a file", "content": {"*/*": {"schema": {"type": "string"}}}})
             }
             _ => ok_response(),
         };

@@ -19,6 +19,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
 use tank_service::api::{Reply, Request, Response, WireError};
+use tank_service::iohistory::IoTotals;
 use tank_service::{Caller, ServiceError};
 use tower::ServiceExt;
 
@@ -31,7 +32,7 @@ pub const MAX_BODY: usize = 1 << 20;
 #[derive(Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-type St = Arc<State>;
+pub(crate) type St = Arc<State>;
 
 fn status_of(e: &ServiceError) -> StatusCode {
     StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
@@ -302,7 +303,14 @@ async fn events(Extension(st): Extension<St>, headers: HeaderMap) -> HttpRespons
     if let Err(e) = tank_service::authorize(&who, &tank_service::Access::Read) {
         return error(&e);
     }
-    Sse::new(event_stream(st))
+    // A stream a session opened ends with the session (logout, idle or longest life):
+    // the stream's own traffic does not keep it alive.
+    let session = if headers.contains_key(header::AUTHORIZATION) {
+        None
+    } else {
+        crate::auth::cookie(&headers, crate::auth::COOKIE)
+    };
+    Sse::new(event_stream(st, session))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
@@ -310,22 +318,7 @@ async fn events(Extension(st): Extension<St>, headers: HeaderMap) -> HttpRespons
 #[derive(Default)]
 struct Seen {
     seq: HashMap<String, u64>,
-    io: HashMap<String, (u64, u64, u64, u64)>,
-}
-
-fn pool_io(o: &tank_service::pools::Opened) -> (u64, u64, u64, u64) {
-    o.pool
-        .leaf_list()
-        .iter()
-        .map(|(_, l)| l.stats.snapshot())
-        .fold((0, 0, 0, 0), |a, s| {
-            (
-                a.0 + s.read_ops,
-                a.1 + s.write_ops,
-                a.2 + s.read_bytes,
-                a.3 + s.write_bytes,
-            )
-        })
+    io: HashMap<String, IoTotals>,
 }
 
 fn tick(st: &St, seen: &mut Seen, first: bool) -> Vec<Result<Event, Infallible>> {
@@ -346,11 +339,12 @@ fn tick(st: &St, seen: &mut Seen, first: bool) -> Vec<Result<Event, Infallible>>
                     .data(data.to_string())));
             }
         }
-        let now = pool_io(&o);
+        let now = IoTotals::of(&o);
         if let Some(prev) = seen.io.insert(name.clone(), now) {
+            let d = now.since(&prev);
             let data = json!({"pool": name,
-                "read_ops": now.0.saturating_sub(prev.0), "write_ops": now.1.saturating_sub(prev.1),
-                "read_bytes": now.2.saturating_sub(prev.2), "write_bytes": now.3.saturating_sub(prev.3),
+                "read_ops": d.read_ops, "write_ops": d.write_ops,
+                "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
                 "interval_secs": 1});
             out.push(Ok(Event::default().event("iostat").data(data.to_string())));
         }
@@ -358,14 +352,22 @@ fn tick(st: &St, seen: &mut Seen, first: bool) -> Vec<Result<Event, Infallible>>
     out
 }
 
-fn event_stream(st: St) -> impl Stream<Item = Result<Event, Infallible>> {
+fn event_stream(st: St, session: Option<String>) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut seen = Seen::default();
     // What is there when the client connects is not news.
     let _ = tick(&st, &mut seen, true);
-    stream::unfold((st, seen), |(st, mut seen)| async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let items = tick(&st, &mut seen, false);
-        Some((stream::iter(items), (st, seen)))
+    stream::unfold((st, seen), move |(st, mut seen)| {
+        let session = session.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Some(id) = &session {
+                if st.auth.session(id, false).is_err() {
+                    return None;
+                }
+            }
+            let items = tick(&st, &mut seen, false);
+            Some((stream::iter(items), (st, seen)))
+        }
     })
     .flatten()
 }
@@ -381,6 +383,9 @@ async fn not_found(uri: axum::http::Uri, body: Body) -> HttpResponse {
 /// The router of a state (without the connection loop: tests drive it directly too).
 pub fn router(st: St) -> Router {
     Router::new()
+        .route("/", get(crate::console::shell))
+        .route("/login", get(crate::console::login_page))
+        .route("/console/{name}", get(crate::console::asset))
         .route("/api/v1/login", post(login))
         .route("/api/v1/logout", post(logout))
         .route(

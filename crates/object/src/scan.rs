@@ -18,6 +18,11 @@
 //! 3. The next region starts at the previous region's end, until a walk finds the end of
 //!    the address space.
 //!
+//! A scrub may be held to a rate (`SCRUB_MAX_RATE`, the `scrub_max_rate` tunable, bytes per
+//! second; 0 for none): the issuing workers sleep after a chunk while the region's bytes
+//! are ahead of that rate, so a scrub of a busy home pool can be kept out of the way. A
+//! resilver is never held back (it restores redundancy).
+//!
 //! # Blocks that change under the scan
 //! The pool keeps running. While a scan runs, the allocator remembers every extent freed
 //! ([`tank_block::SpaceAllocator::watch_frees`]); `BlockStore::scrub` neither reports nor
@@ -66,6 +71,32 @@ pub const METADATA_OBJECT: u64 = u64::MAX;
 pub const DEFAULT_REGION_BUDGET: usize = 1 << 20;
 const WORKERS: usize = 8;
 const CHUNK: usize = 16;
+
+/// Bytes per second a scrub may issue, every pool together (0: as fast as the devices
+/// allow). A tunable (`scrub_max_rate`).
+pub static SCRUB_MAX_RATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Holds a region's issue to `SCRUB_MAX_RATE`: (start, bytes issued).
+struct Pace(parking_lot::Mutex<(Instant, u64)>);
+
+impl Pace {
+    /// Counts `bytes` issued, and sleeps while the region is ahead of the rate (in slices,
+    /// so a stop is seen within a tenth of a second).
+    fn account(&self, bytes: u64, stop: &AtomicBool) {
+        let cap = SCRUB_MAX_RATE.load(Ordering::Relaxed);
+        if cap == 0 {
+            return;
+        }
+        let due = {
+            let mut p = self.0.lock();
+            p.1 += bytes;
+            p.0 + std::time::Duration::from_secs_f64(p.1 as f64 / cap as f64)
+        };
+        while Instant::now() < due && !stop.load(Ordering::Acquire) {
+            std::thread::sleep((due - Instant::now()).min(std::time::Duration::from_millis(100)));
+        }
+    }
+}
 /// Re-walks of one object set whose nodes keep being freed under the walk.
 const MAX_REWALKS: usize = 16;
 
@@ -982,9 +1013,11 @@ fn issue(store: &ObjectStore, region: &Region) -> bool {
     let next = AtomicUsize::new(0);
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Counters, Vec<(u64, u64)>)>();
     let mut prefix = 0;
+    let paced = scanner.state.lock().func != "resilver";
+    let pace = Pace(parking_lot::Mutex::new((Instant::now(), 0)));
     std::thread::scope(|s| {
         for _ in 0..WORKERS.min(chunks.len()) {
-            let (tx, next, chunks) = (tx.clone(), &next, &chunks);
+            let (tx, next, chunks, pace) = (tx.clone(), &next, &chunks, &pace);
             s.spawn(move || loop {
                 if scanner.stop.load(Ordering::Acquire) || store.pool().is_closed() {
                     return;
@@ -999,6 +1032,9 @@ fn issue(store: &ObjectStore, region: &Region) -> bool {
                     if o.unrecoverable && !o.freed {
                         errors.push((e.id, e.object));
                     }
+                }
+                if paced {
+                    pace.account(c.issued, &scanner.stop);
                 }
                 if tx.send((i, c, errors)).is_err() {
                     return;

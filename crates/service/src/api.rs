@@ -504,8 +504,37 @@ pub enum Request {
         name: String,
     },
 
+    /// Each pool's recent I/O (rates per second): the last hour by the second, the last
+    /// week by the minute, as the daemon has sampled it since it started.
+    PoolIostatHistory {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    /// `tank plan`'s model: the sensible layouts of `disks` disks of `disk_bytes` each
+    /// (or one `layout`, with warnings), with capacity, reliability and speed.
+    LayoutPlan {
+        disks: usize,
+        disk_bytes: u64,
+        /// `hdd` (default), `ssd`, `nvme`, with overrides (`hdd:bw=200M`).
+        #[serde(default)]
+        disk_type: Option<String>,
+        /// `seq`, `random` or `mixed` (default).
+        #[serde(default)]
+        workload: Option<String>,
+        /// One layout, `VDEVSxWIDTH KIND` (`1x7 raidz2`).
+        #[serde(default)]
+        layout: Option<String>,
+    },
+    /// The devices the host offers for pools: block devices, and the files of a directory.
+    DeviceList {
+        /// Absolute; none: the data directory's `devices`.
+        #[serde(default)]
+        #[schema(value_type = Option<String>)]
+        dir: Option<PathBuf>,
+    },
+
     // The caches and tunables.
-    /// The ARC's counters and each open pool's L2ARC.
+    /// The ARC's counters and each open pool's L2ARC and intent log.
     CacheStats,
     ParamList,
     ParamSet {
@@ -917,6 +946,13 @@ pub enum Response {
     Job(Job),
     CacheStats(Box<CacheReport>),
     Params(Vec<Param>),
+    IoHistory(Vec<crate::iohistory::IoHistory>),
+    /// The planner's answer, as `tank plan --json` prints it.
+    Plan {
+        #[schema(value_type = Object)]
+        plan: serde_json::Value,
+    },
+    Devices(Vec<crate::service::DeviceEntry>),
     /// A text dump (engine inspection).
     Text {
         text: String,
@@ -945,6 +981,11 @@ pub struct CacheReport {
     /// Per pool, its L2ARC.
     #[schema(value_type = Vec<Object>)]
     pub l2arc: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
+    /// Per pool, its intent log: commits, blocks and bytes written, commits that waited for
+    /// a txg instead, write errors, where the log is.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub zil: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
 }
 
 /// A tunable, by its ZFS module-parameter name.

@@ -30,6 +30,7 @@ pub mod backup;
 pub mod caller;
 pub mod error;
 pub mod handles;
+pub mod iohistory;
 pub mod jobs;
 pub mod mounts;
 mod ops_account;

@@ -41,6 +41,13 @@ pub fn params() -> Vec<Param> {
             "bytes the ARC may hold, headers included",
         ),
         p(
+            "scrub_max_rate",
+            tank_object::scan::SCRUB_MAX_RATE
+                .load(Ordering::Relaxed)
+                .to_string(),
+            "bytes per second a scrub may read, every pool together (0: no limit; a resilver is never held back)",
+        ),
+        p(
             "l2arc_write_max",
             t.write_max.load(Ordering::Relaxed).to_string(),
             "bytes written to each cache device per feed round",
@@ -70,6 +77,7 @@ pub fn set_param(name: &str, value: &str) -> Res<()> {
         |why: String| ServiceError::Invalid(format!("invalid value '{value}' for {name}: {why}"));
     let size = || tank_dataset::props::parse_size(value, false).map_err(|e| invalid(e.to_string()));
     match name {
+        "scrub_max_rate" => tank_object::scan::SCRUB_MAX_RATE.store(size()?, Ordering::Relaxed),
         "arc_max" => arc::global()
             .set_max(size()?)
             .map_err(|e| ServiceError::Invalid(format!("cannot set arc_max: {e}")))?,
@@ -111,7 +119,7 @@ pub fn set_param(name: &str, value: &str) -> Res<()> {
 }
 
 impl Service {
-    /// The ARC's counters and each open pool's L2ARC.
+    /// The ARC's counters and each open pool's L2ARC and intent log.
     pub fn cache_report(&self) -> CacheReport {
         let mut l2: Vec<(String, serde_json::Map<String, serde_json::Value>)> = self
             .open_pools()
@@ -119,9 +127,16 @@ impl Service {
             .map(|o| (o.pool.name(), to_map(&o.store.cache().l2().stats())))
             .collect();
         l2.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut zil: Vec<(String, serde_json::Map<String, serde_json::Value>)> = self
+            .open_pools()
+            .into_iter()
+            .map(|o| (o.pool.name(), to_map(&o.pool.zil.stats())))
+            .collect();
+        zil.sort_by(|a, b| a.0.cmp(&b.0));
         CacheReport {
             arc: to_map(&arc::global().stats()),
             l2arc: l2,
+            zil,
         }
     }
 

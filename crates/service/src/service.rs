@@ -83,6 +83,31 @@ pub struct Service {
     pub(crate) unmounted_for_receive: Mutex<HashMap<String, PathBuf>>,
     /// The S3 client of backups, installed by the program (it lives with the S3 front end).
     pub(crate) buckets: OnceLock<Arc<dyn crate::backup::BucketConnector>>,
+    /// The layout planner of `layout_plan`, installed by the program (it lives with the
+    /// benchmarks).
+    planner: OnceLock<Arc<dyn Planner>>,
+    /// Each pool's recent I/O, sampled by the daemon (`sample_io`).
+    pub io_history: crate::iohistory::IoRecorder,
+}
+
+/// What `layout_plan` asks of the planner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanQuery {
+    pub disks: usize,
+    pub disk_bytes: u64,
+    /// `hdd`, `ssd`, `nvme`, with overrides (as `tank plan --disk-type`).
+    pub disk_type: String,
+    /// `seq`, `random` or `mixed`.
+    pub workload: String,
+    /// One layout to assess (`1x7 raidz2`), with its warnings; none: every sensible one.
+    pub layout: Option<String>,
+}
+
+/// The layout planner (`tank plan`'s model), installed by the program.
+pub trait Planner: Send + Sync {
+    /// The assessed layouts as `tank plan --json` prints them, plus `warnings` for a
+    /// single layout asked; an error says what in the query is wrong.
+    fn plan(&self, q: &PlanQuery) -> Result<serde_json::Value, String>;
 }
 
 impl Service {
@@ -104,12 +129,34 @@ impl Service {
             replicating: Mutex::new(HashMap::new()),
             unmounted_for_receive: Mutex::new(HashMap::new()),
             buckets: OnceLock::new(),
+            planner: OnceLock::new(),
+            io_history: Default::default(),
         }
     }
 
     /// Installs the S3 client of backups (once; later calls are ignored).
     pub fn set_bucket_connector(&self, c: Arc<dyn crate::backup::BucketConnector>) {
         let _ = self.buckets.set(c);
+    }
+
+    /// Installs the layout planner (once; later calls are ignored).
+    pub fn set_planner(&self, p: Arc<dyn Planner>) {
+        let _ = self.planner.set(p);
+    }
+
+    /// Records one sample of every open pool's I/O into the history (the daemon calls
+    /// this once a second).
+    pub fn sample_io(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let open = self.open_pools();
+        let names: Vec<String> = open.iter().map(|o| o.pool.name()).collect();
+        for (o, name) in open.iter().zip(&names) {
+            self.io_history
+                .record(name, now, crate::iohistory::IoTotals::of(o));
+        }
+        self.io_history.keep_only(&names);
     }
 
     /// Installs the runner of `dataset_bench` (once; later calls are ignored).
@@ -243,7 +290,9 @@ impl Service {
             | R::JobList
             | R::JobGet { .. }
             | R::CacheStats
-            | R::ParamList => Access::Read,
+            | R::ParamList
+            | R::PoolIostatHistory { .. }
+            | R::LayoutPlan { .. } => Access::Read,
             R::UserPasswd { name, .. } => Access::Account(name.clone()),
             R::KeyAdd { user } | R::TokenAdd { user } => Access::Account(user.clone()),
             R::KeyList { user: Some(u) } | R::TokenList { user: Some(u) } => {
@@ -361,6 +410,37 @@ impl Service {
             | R::DebugObjectRead { .. }
             | R::DebugObjectRemove { .. }
             | R::DebugObjectList { .. } => self.engine_request(ctx, req),
+            R::PoolIostatHistory { name } => {
+                if let Some(n) = &name {
+                    self.open_pool(n, ctx)?;
+                }
+                Ok(Response::IoHistory(
+                    self.io_history.history(name.as_deref()),
+                ))
+            }
+            R::LayoutPlan {
+                disks,
+                disk_bytes,
+                disk_type,
+                workload,
+                layout,
+            } => {
+                let planner = self.planner.get().ok_or_else(|| {
+                    ServiceError::Failed("this program has no layout planner".into())
+                })?;
+                let q = PlanQuery {
+                    disks,
+                    disk_bytes,
+                    disk_type: disk_type.unwrap_or_else(|| "hdd".into()),
+                    workload: workload.unwrap_or_else(|| "mixed".into()),
+                    layout,
+                };
+                planner
+                    .plan(&q)
+                    .map(|plan| Response::Plan { plan })
+                    .map_err(ServiceError::Invalid)
+            }
+            R::DeviceList { dir } => self.device_list(dir).map(Response::Devices),
             R::JobList => Ok(Response::Jobs(self.jobs.list(self))),
             R::JobGet { id } => self
                 .jobs
@@ -405,5 +485,153 @@ fn who(caller: &Caller) -> String {
     match caller {
         Caller::Admin { name } | Caller::User { name, .. } => name.clone(),
         Caller::Anonymous => "anonymous".into(),
+    }
+}
+
+/// A device the host offers for a pool: a block device, or a file in a directory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct DeviceEntry {
+    pub path: String,
+    /// `disk` or `file`.
+    pub kind: String,
+    pub size: u64,
+    /// The disk's model, as the kernel names it.
+    pub model: Option<String>,
+    /// What uses it, if anything does: `pool NAME`, `mounted at DIR` (it or a
+    /// partition), `swap`, `held by NAME` (a device-mapper or RAID layer over it).
+    pub in_use: Option<String>,
+}
+
+/// What uses block device `name` (or one of its partitions), from the kernel's tables.
+fn block_device_use(sys: &Path, name: &str, mounts: &str, swaps: &str) -> Option<String> {
+    let mut parts = vec![name.to_string()];
+    if let Ok(rd) = std::fs::read_dir(sys) {
+        parts.extend(
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(name)),
+        );
+    }
+    for p in &parts {
+        let dev = format!("/dev/{p}");
+        if let Some(dir) = mounts.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next() == Some(dev.as_str())).then(|| f.next().unwrap_or("?").to_string())
+        }) {
+            return Some(format!("mounted at {dir}"));
+        }
+        if swaps
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(dev.as_str()))
+        {
+            return Some("swap".into());
+        }
+        let holders = if p == name {
+            sys.join("holders")
+        } else {
+            sys.join(p).join("holders")
+        };
+        if let Some(h) = std::fs::read_dir(holders)
+            .ok()
+            .and_then(|mut rd| rd.next())
+            .and_then(|e| e.ok())
+        {
+            return Some(format!("held by {}", h.file_name().to_string_lossy()));
+        }
+    }
+    None
+}
+
+impl Service {
+    /// The block devices of the host (loop, RAM and device-mapper devices left out) and the
+    /// regular files of `dir` (an absolute directory; none: the data directory's `devices`,
+    /// where the default pool's files are), each with the open pool that uses it.
+    pub(crate) fn device_list(&self, dir: Option<PathBuf>) -> Res<Vec<DeviceEntry>> {
+        let used: HashMap<String, String> = self
+            .open_pools()
+            .iter()
+            .flat_map(|o| {
+                let name = o.pool.name();
+                o.pool
+                    .leaf_list()
+                    .into_iter()
+                    .map(move |(_, l)| (l.path(), name.clone()))
+            })
+            .collect();
+        let mut out = Vec::new();
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let pool_use = |path: &str| used.get(path).map(|p| format!("pool {p}"));
+        if let Ok(rd) = std::fs::read_dir("/sys/block") {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if ["loop", "ram", "zram", "dm-", "sr", "fd"]
+                    .iter()
+                    .any(|p| name.starts_with(p))
+                {
+                    continue;
+                }
+                let sectors: u64 = std::fs::read_to_string(e.path().join("size"))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+                if sectors == 0 {
+                    continue;
+                }
+                let model = std::fs::read_to_string(e.path().join("device/model"))
+                    .ok()
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty());
+                let path = format!("/dev/{name}");
+                out.push(DeviceEntry {
+                    in_use: pool_use(&path)
+                        .or_else(|| block_device_use(&e.path(), &name, &mounts, &swaps)),
+                    path,
+                    kind: "disk".into(),
+                    size: sectors * 512,
+                    model,
+                });
+            }
+        }
+        let dir = match dir {
+            Some(d) if !d.is_absolute() => {
+                return Err(ServiceError::Invalid(format!(
+                    "'{}' is not an absolute directory",
+                    d.display()
+                )))
+            }
+            Some(d) => d,
+            None => self.data_dir.join("devices"),
+        };
+        let mut files = Vec::new();
+        match std::fs::read_dir(&dir) {
+            Ok(rd) => {
+                for e in rd.flatten() {
+                    let Ok(md) = e.metadata() else { continue };
+                    if !md.is_file() {
+                        continue;
+                    }
+                    let path = e.path().to_string_lossy().into_owned();
+                    files.push(DeviceEntry {
+                        in_use: pool_use(&path),
+                        path,
+                        kind: "file".into(),
+                        size: md.len(),
+                        model: None,
+                    });
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(ServiceError::Failed(format!(
+                    "cannot list {}: {e}",
+                    dir.display()
+                )))
+            }
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out.extend(files);
+        Ok(out)
     }
 }

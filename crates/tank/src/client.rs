@@ -64,6 +64,7 @@ impl Client {
         svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));
         svc.set_benchmark(Arc::new(tank_bench::run::fs::ServiceBench));
         svc.set_bucket_connector(Arc::new(tank_s3::client::S3Connector));
+        svc.set_planner(Arc::new(tank_bench::run::plan::ServicePlanner));
         Client::Local(Arc::new(svc))
     }
 

@@ -377,6 +377,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));
     svc.set_benchmark(Arc::new(tank_bench::run::fs::ServiceBench));
     svc.set_bucket_connector(Arc::new(tank_s3::client::S3Connector));
+    svc.set_planner(Arc::new(tank_bench::run::plan::ServicePlanner));
     for entry in PoolCache::load(&dir)?.pools {
         // Imported through the cache as a command would, then kept open.
         let opened = match svc.open(&entry.name) {
@@ -588,6 +589,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 say!("replicating {name}");
             }
             std::thread::sleep(tick);
+        });
+    }
+    {
+        // Each pool's I/O history, for the console's charts: one sample a second.
+        let svc = svc.clone();
+        std::thread::spawn(move || loop {
+            svc.sample_io();
+            std::thread::sleep(std::time::Duration::from_secs(1));
         });
     }
     {

@@ -419,3 +419,155 @@ fn years(y: f64) -> String {
         format!("{y:.0} y")
     }
 }
+
+/// The planner of the service's `layout_plan` request (the console's pool wizard and
+/// planner page): the same model and defaults as `tank plan`.
+pub struct ServicePlanner;
+
+impl tank_service::service::Planner for ServicePlanner {
+    fn plan(&self, q: &tank_service::service::PlanQuery) -> Result<serde_json::Value, String> {
+        plan_query(q).map_err(|e| format!("{e:#}"))
+    }
+}
+
+fn plan_query(q: &tank_service::service::PlanQuery) -> Result<serde_json::Value> {
+    if q.disk_bytes == 0 {
+        bail!("give the disks' size (disk_bytes)");
+    }
+    let mut disk = DeviceProfile::parse(&q.disk_type)?;
+    disk.capacity = q.disk_bytes;
+    let input = PlanInput {
+        disks: q.disks,
+        disk,
+        recordsize: 128 << 10,
+        ashift: 12,
+        workload: Workload::parse(&q.workload)?,
+        fill: 0.5,
+        ram: 32 << 30,
+        ssd: None,
+        link: None,
+    };
+    // The model's checks are for real disks (and emulated builds of them); devices made
+    // of small files are assessed all the same, at their own size.
+    let mut checked = input.clone();
+    checked.disk.capacity = checked.disk.capacity.max(1 << 30);
+    validate_input(&checked)?;
+    let layouts = match &q.layout {
+        Some(l) => {
+            let l = Layout::parse(l)?;
+            if l.disks() != q.disks {
+                bail!(
+                    "{} takes {} disks, not {}",
+                    l.describe(),
+                    l.disks(),
+                    q.disks
+                );
+            }
+            vec![l]
+        }
+        None => enumerate(q.disks),
+    };
+    if layouts.is_empty() {
+        bail!("no layout fits {} disks", q.disks);
+    }
+    let mut all = layouts
+        .iter()
+        .map(|l| assess(&input, l))
+        .collect::<Result<Vec<_>, _>>()?;
+    all.sort_by_key(|x| std::cmp::Reverse(x.usable_bytes));
+    let (best, why) = recommend(input.workload, &all).unwrap_or((0, String::new()));
+    let warnings = match &q.layout {
+        Some(_) => layout_warnings(&input, &all[0].layout)?,
+        None => Vec::new(),
+    };
+    Ok(serde_json::json!({
+        "layouts": all,
+        "recommended": all[best].name,
+        "reason": why,
+        "warnings": warnings,
+    }))
+}
+
+/// What zpool and TrueNAS warn of for a layout: no redundancy, vdevs too narrow to be
+/// worth parity, too wide to resilver in good time, or a width whose records waste space
+/// to RAID-Z padding.
+pub fn layout_warnings(input: &PlanInput, l: &Layout) -> Result<Vec<String>> {
+    let mut w = Vec::new();
+    match l.vdev {
+        VdevType::Stripe => {
+            w.push("no redundancy: the failure of any one disk loses the whole pool".into())
+        }
+        VdevType::Mirror { .. } => {}
+        VdevType::Raidz { parity } => {
+            let data = l.width - parity;
+            if data < 2 {
+                w.push(format!(
+                    "too narrow: a raidz{parity} of {} disks holds no more than a {}-way mirror and is slower",
+                    l.width, l.width
+                ));
+            }
+            if l.width > 12 {
+                w.push(format!(
+                    "wide: a raidz vdev of {} disks resilvers slowly and has one disk's random IOPS; \
+                     prefer vdevs of 12 disks or fewer",
+                    l.width
+                ));
+            }
+            let sector = 1u64 << input.ashift;
+            let rounded = input.recordsize.div_ceil(sector) * sector;
+            let actual = rounded as f64
+                / crate::plan::record_asize(l, input.recordsize, input.ashift)? as f64;
+            let ideal = data as f64 / l.width as f64;
+            let loss = 1.0 - actual / ideal;
+            if loss > 0.02 {
+                let better = optimal_widths(input, parity)?;
+                w.push(format!(
+                    "non-optimal width: {:.0}% of the data disks' space goes to padding at \
+                     {} records{}",
+                    loss * 100.0,
+                    human(input.recordsize),
+                    if better.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; raidz{parity} of {better} disks wastes less than 1%")
+                    }
+                ));
+            }
+        }
+    }
+    if l.vdev != VdevType::Stripe && l.redundancy() == 1 && input.disk.capacity > 2_000_000_000_000
+    {
+        w.push(
+            "single parity on disks over 2 TB: a second failure or a read error during the \
+             long resilver loses data; consider raidz2 or 3-way mirrors"
+                .into(),
+        );
+    }
+    Ok(w)
+}
+
+/// The raidz widths up to 16 whose records lose under 1% to padding, as "a, b or c".
+fn optimal_widths(input: &PlanInput, parity: usize) -> Result<String> {
+    let sector = 1u64 << input.ashift;
+    let rounded = input.recordsize.div_ceil(sector) * sector;
+    let mut good = Vec::new();
+    for width in parity + 2..=16 {
+        let l = Layout {
+            vdev: VdevType::Raidz { parity },
+            width,
+            vdevs: 1,
+            spares: 0,
+        };
+        let actual =
+            rounded as f64 / crate::plan::record_asize(&l, input.recordsize, input.ashift)? as f64;
+        let ideal = (width - parity) as f64 / width as f64;
+        if 1.0 - actual / ideal < 0.01 {
+            good.push(width.to_string());
+        }
+    }
+    Ok(match good.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    })
+}

@@ -1,0 +1,302 @@
+"""The web console in a real browser: Debian's chromium driven by Playwright for Python.
+
+Run by tests/console.rs against a daemon it started on 127.0.0.1, as
+    python3 console_browser.py URL DEVICE_DIR MOUNT_DIR [SCREENSHOT_DIR]
+with an administrator 'boss' (password 'the boss password') already made.
+
+It does what a new administrator does: logs in (after a wrong password), builds a RAID-Z2
+pool of the file devices in DEVICE_DIR through the wizard (after reading the layout's
+figures), creates a dataset, a snapshot and a share, writes a file and rolls it away,
+adds a user, watches a scrub's progress bar move, then logs in as that user and meets the
+server's refusals. Any browser console error or CSP violation fails the run, but for the
+HTTP refusals a step expects. Prints one line per step; exits non-zero on the first
+failure.
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+from playwright.sync_api import sync_playwright, expect
+
+URL, DEVDIR, MNTDIR = sys.argv[1], sys.argv[2], sys.argv[3]
+SHOTS = sys.argv[4] if len(sys.argv) > 4 else None
+ADMIN, ADMIN_PW = "boss", "the boss password"
+USER, USER_PW = "bob", "bob's password 42"
+
+problems = []
+# While set, a console error that is the browser's note of an HTTP refusal is expected.
+expect_refusals = [False]
+REFUSAL = re.compile(r"Failed to load resource: the server responded with a status of (400|401|403|409|429)")
+
+
+def step(msg):
+    print("ok:", msg, flush=True)
+
+
+def on_console(m):
+    if m.type != "error":
+        return
+    if expect_refusals[0] and REFUSAL.search(m.text):
+        return
+    problems.append(f"console error: {m.text}")
+
+
+def shot(page, name):
+    if SHOTS:
+        page.screenshot(path=os.path.join(SHOTS, name + ".png"), full_page=True)
+
+
+def check_problems(where):
+    if problems:
+        raise SystemExit(f"browser problems at '{where}': " + "; ".join(problems))
+
+
+def login(page, user, pw):
+    page.goto(URL + "/")
+    expect(page).to_have_url(re.compile(r"/login$"))
+    page.fill("#user", user)
+    page.fill("#password", pw)
+    page.click("form#login button[type=submit]")
+    expect(page.locator("main h1")).to_have_text("Dashboard", timeout=20000)
+
+
+def main():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )
+        # The daemon's certificate is its own self-signed one.
+        ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+        ctx.set_default_timeout(20000)
+        page = ctx.new_page()
+        page.on("console", on_console)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        # A dialog opening means a script ran that should not have (the console itself
+        # uses <dialog> elements, which are not these).
+        page.on("dialog", lambda d: (problems.append(f"a JavaScript dialog opened: {d.message}"), d.dismiss()))
+        # CSP violations are reported to the page as events too.
+        page.add_init_script(
+            "document.addEventListener('securitypolicyviolation', e => "
+            "console.error('CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI));")
+
+        # ---- The headers of the pages.
+        r = page.goto(URL + "/login")
+        csp = r.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp, csp
+        step("the login page carries a strict Content-Security-Policy: " + csp)
+
+        # ---- Log in: a wrong password first.
+        expect_refusals[0] = True
+        page.goto(URL + "/")
+        expect(page).to_have_url(re.compile(r"/login$"))
+        page.fill("#user", ADMIN)
+        page.fill("#password", "not the password")
+        page.click("form#login button[type=submit]")
+        expect(page.locator("#error")).to_contain_text("wrong user name or password")
+        expect_refusals[0] = False
+        step("a wrong password is refused on the page: " + page.locator("#error").inner_text())
+        cookies = {c["name"]: c for c in ctx.cookies()}
+        assert "tank_session" not in cookies, cookies
+        login(page, ADMIN, ADMIN_PW)
+        c = {c["name"]: c for c in ctx.cookies()}["tank_session"]
+        assert c["httpOnly"] and c["secure"] and c["sameSite"] == "Strict", c
+        step("logged in as the administrator; the session cookie is HttpOnly, Secure, SameSite=Strict")
+        check_problems("login")
+
+        # ---- A pool through the wizard.
+        page.goto(URL + "/#/pools")
+        expect(page.locator("main h1")).to_have_text("Pools")
+        page.fill("input[name=name]", "vault")
+        page.fill("#dev-dir", DEVDIR)
+        page.click("text=List devices")
+        boxes = page.locator(f"input[type=checkbox][aria-label^='use {DEVDIR}/']")
+        expect(boxes).to_have_count(4)
+        for i in range(4):
+            boxes.nth(i).check()
+        page.select_option("select[name=layout]", "raidz2")
+        plan = page.locator("#plan")
+        expect(plan.locator("h3")).to_have_text("1 x raidz2 of 4")
+        expect(plan).to_contain_text("Usable capacity")
+        expect(plan).to_contain_text("Mean time to data loss")
+        step("the wizard shows the layout's figures before the pool is made: "
+             + " | ".join(plan.locator("tr").all_inner_texts()[:3]).replace("\t", " "))
+        shot(page, "pool-wizard")
+        page.click("form button:has-text('Create pool')")
+        expect(page.locator("main h1")).to_contain_text("Pool vault", timeout=60000)
+        expect(page.locator("main")).to_contain_text("raidz2-0")
+        step("pool 'vault' created through the wizard, raidz2 of the 4 devices")
+        check_problems("pool")
+
+        # ---- A dataset; a name with markup is refused and shown as text.
+        page.goto(URL + "/#/datasets")
+        expect(page.locator("main h1")).to_have_text("Datasets")
+        expect_refusals[0] = True
+        page.fill("form input[name=name]", "vault/<img src=x onerror=alert(1)>")
+        page.click("button:has-text('Create')")
+        err = page.locator("main .error")
+        expect(err).to_contain_text("<img src=x onerror=alert(1)>")
+        expect_refusals[0] = False
+        assert page.locator("main img").count() == 0
+        step("a dataset name with markup is refused, and the refusal shows it as text: " + err.inner_text())
+        page.fill("form input[name=name]", "vault/docs")
+        page.fill("form input[name=mountpoint]", MNTDIR + "/docs")
+        page.click("button:has-text('Create')")
+        expect(page.locator("main h1")).to_have_text("vault/docs")
+        step("dataset vault/docs created")
+        mountpoint = page.locator("tr:has(td:text-is('mountpoint')) td").nth(1).get_attribute("title")
+        deadline = time.time() + 30
+        while not os.path.ismount(mountpoint) and time.time() < deadline:
+            time.sleep(0.2)
+        assert os.path.ismount(mountpoint), f"{mountpoint} is not mounted"
+
+        # ---- A snapshot, a change, and a rollback.
+        page.fill("#snap-name", "one")
+        page.click("button:has-text('Take snapshot')")
+        expect(page.locator("main td.mono", has_text="@one")).to_be_visible()
+        step("snapshot vault/docs@one taken")
+        with open(os.path.join(mountpoint, "after.txt"), "w") as f:
+            f.write("written after @one\n")
+            f.flush()
+            os.fsync(f.fileno())
+        page.click("button[aria-label='Roll back to vault/docs@one']")
+        dlg = page.locator("dialog[open]")
+        expect(dlg).to_contain_text("Every change made to vault/docs since @one is lost")
+        confirm = dlg.locator("button.primary")
+        expect(confirm).to_be_disabled()
+        dlg.locator("input").fill("one")
+        expect(confirm).to_be_enabled()
+        confirm.click()
+        expect(page.locator("dialog[open]")).to_have_count(0)
+        deadline = time.time() + 20
+        while os.path.exists(os.path.join(mountpoint, "after.txt")) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(os.path.join(mountpoint, "after.txt")), "the rollback left after.txt"
+        step("rolled back to @one after typing its name: after.txt is gone from " + mountpoint)
+        shot(page, "dataset")
+        check_problems("dataset")
+
+        # ---- A share.
+        page.goto(URL + "/#/shares")
+        expect(page.locator("main h1")).to_have_text("Shares")
+        page.select_option("select[name=protocol]", "smb")
+        page.fill("input[name=name]", "docs")
+        page.select_option("select[name=dataset]", "vault/docs")
+        page.fill("textarea[name=options]", "timemachine=off")
+        page.click("button:has-text('Add share')")
+        row = page.locator("main tr", has_text="vault/docs")
+        expect(row).to_contain_text("docs")
+        step("SMB share 'docs' of vault/docs added: " + row.inner_text().replace("\t", " | "))
+        check_problems("share")
+
+        # ---- A user.
+        page.goto(URL + "/#/users")
+        expect(page.locator("main h1")).to_have_text("Users")
+        page.fill("input[name=name]", USER)
+        page.fill("input[name=password]", USER_PW)
+        page.click("button:has-text('Add user')")
+        expect(page.locator("main tr", has_text=USER)).to_contain_text("user")
+        step(f"user '{USER}' added")
+        shot(page, "users")
+
+        # ---- A scrub's progress bar moves (the scrub is held to a rate so it can be seen).
+        with open(os.path.join(mountpoint, "data.bin"), "wb") as f:
+            for _ in range(48):
+                f.write(os.urandom(1 << 20))
+            os.fsync(f.fileno())
+        page.goto(URL + "/#/datasets/vault/docs")
+        page.fill("#snap-name", "two")
+        page.click("button:has-text('Take snapshot')")
+        expect(page.locator("main td.mono", has_text="@two")).to_be_visible()
+        page.goto(URL + "/#/pools/vault")
+        page.click("button:has-text('Start scrub')")
+        bar = page.locator("progress.scan-progress")
+        expect(bar).to_be_visible()
+        first = float(bar.get_attribute("value"))
+        moved = None
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            time.sleep(0.5)
+            if page.locator("progress.scan-progress").count() == 0:
+                break
+            v = float(page.locator("progress.scan-progress").get_attribute("value"))
+            if v > first:
+                moved = v
+                shot(page, "scrub")
+                break
+        assert moved is not None, f"the scrub's bar did not move from {first}"
+        step(f"the scrub's progress bar moved without a reload: {first}% -> {moved}% "
+             + page.locator(".scan p").inner_text())
+        expect(page.locator(".scan")).to_contain_text("Last scrub", timeout=60000)
+        step("the scrub finished: " + page.locator(".scan").inner_text().replace("\n", " "))
+        page.goto(URL + "/#/dashboard")
+        expect(page.locator("main h2", has_text="vault")).to_be_visible()
+        page.wait_for_timeout(2500)
+        shot(page, "dashboard")
+        check_problems("scrub")
+
+        # ---- Log out; log in as the user; the server refuses what the user may not do.
+        page.click("#logout")
+        expect(page).to_have_url(re.compile(r"/login\?why=out$"))
+        expect(page.locator("#reason")).to_contain_text("logged out")
+        login(page, USER, USER_PW)
+        nav = page.locator("nav").inner_text()
+        assert "Pools" not in nav and "Users" not in nav, nav
+        expect(page.locator("main h2", has_text="vault")).to_be_visible()
+        step("logged in as bob: the dashboard shows the pools' health; the nav offers no admin pages: " + nav.replace("\n", " "))
+        expect_refusals[0] = True
+        page.goto(URL + "/#/users")
+        expect(page.locator("main .error")).to_contain_text("not an administrator")
+        step("the users page, opened by its address, is refused by the server: " + page.locator("main .error").inner_text())
+        answers = page.evaluate("""async () => {
+            const csrf = document.querySelector('meta[name="csrf-token"]').content;
+            const call = async (op, body, headers) => {
+                const r = await fetch('/api/v1/' + op, {method: 'POST', credentials: 'same-origin',
+                    headers: Object.assign({'Content-Type': 'application/json'}, headers), body: JSON.stringify(body)});
+                return [r.status, await r.text()];
+            };
+            return {
+                scrub: await call('pool_scrub', {name: 'vault', action: 'start'}, {'X-CSRF-Token': csrf}),
+                destroy: await call('dataset_destroy', {name: 'vault/docs'}, {'X-CSRF-Token': csrf}),
+                passwd_other: await call('user_passwd', {name: 'boss', password: 'taken over!'}, {'X-CSRF-Token': csrf}),
+                no_csrf: await call('token_add', {user: 'bob'}, {}),
+            };
+        }""")
+        expect_refusals[0] = False
+        for k, (status, body) in answers.items():
+            assert status == 403, (k, status, body)
+        step("as bob, the API refuses a scrub, a destroy, another's password and a change without the CSRF token: "
+             + json.dumps({k: json.loads(v[1])["error"]["message"] for k, v in answers.items()}))
+        page.goto(URL + "/#/account")
+        page.click("button:has-text('New API token')")
+        secret = page.locator("code.new-secret")
+        expect(secret).to_contain_text("tank_")
+        step("bob made his own API token; it is shown once")
+        page.click("button:has-text('Done')")
+        check_problems("user")
+
+        # ---- A phone-sized screen.
+        phone = browser.new_context(ignore_https_errors=True, viewport={"width": 390, "height": 844},
+                                    storage_state=ctx.storage_state())
+        pp = phone.new_page()
+        pp.on("console", on_console)
+        pp.goto(URL + "/#/dashboard")
+        expect(pp.locator("main h1")).to_have_text("Dashboard")
+        assert not pp.locator("nav").is_visible()
+        pp.click("#menu")
+        assert pp.locator("nav").is_visible()
+        width = pp.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"the dashboard is {width} px wide on a 390 px screen"
+        step(f"on a 390 px screen the menu folds and the page is {width} px wide")
+        shot(pp, "phone")
+        check_problems("phone")
+        browser.close()
+    print("all steps passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
