@@ -10,8 +10,24 @@
 const CSRF = document.querySelector('meta[name="csrf-token"]').content;
 const main = document.getElementById("main");
 let me = { caller: null, admin: false };
-// What the current page started (timers, event streams, charts), ended when it changes.
-let cleanups = [];
+// The page on screen, and the number of the newest render (a slower, older render that
+// finishes after a newer one is thrown away).
+let shownView = null;
+let generation = 0;
+
+/** Ends `fn` (a timer, a stream) with the page `view`: when another page replaces it, or
+ *  at once if it was already thrown away. */
+function onLeave(view, fn) {
+  if (view.dataset.dead) fn();
+  else (view.leave || (view.leave = [])).push(fn);
+}
+
+function leave(view) {
+  if (!view) return;
+  view.dataset.dead = "1";
+  for (const f of view.leave || []) f();
+  view.leave = [];
+}
 
 // ---- DOM and formatting helpers ------------------------------------------------------
 
@@ -194,6 +210,12 @@ function confirmAction({ title, lose, typed, verb, danger }) {
   });
 }
 
+/** Shows the page again after a change made from `el`, unless another page has been
+ *  opened meanwhile (`el` is no longer in it). */
+function refresh(el) {
+  if (el.isConnected) route();
+}
+
 /** Runs an action from a button: asks first if `confirm` is given, then reports. */
 async function act(button, fn, confirm) {
   if (confirm && !(await confirm())) return;
@@ -201,7 +223,7 @@ async function act(button, fn, confirm) {
   try {
     const r = await fn();
     if (r && r.message) toast(r.message);
-    route();
+    refresh(button);
   } catch (e) {
     button.after(errorBox(e));
   } finally {
@@ -247,8 +269,7 @@ const pages = {
 };
 
 async function route() {
-  for (const c of cleanups) c();
-  cleanups = [];
+  const mine = ++generation;
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   const name = pages[parts[0]] ? parts[0] : "dashboard";
   for (const a of document.querySelectorAll("nav a")) {
@@ -262,6 +283,12 @@ async function route() {
   } catch (e) {
     view.append(errorBox(e));
   }
+  if (mine !== generation) {
+    leave(view);
+    return;
+  }
+  leave(shownView);
+  shownView = view;
   clear(main).append(view);
   applyWidths(main);
   document.title = (view.querySelector("h1") ? view.querySelector("h1").textContent + " · " : "") + "tank";
@@ -297,8 +324,8 @@ async function pageDashboard(view) {
   };
   await draw();
   const timer = setInterval(() => draw().catch(() => {}), 5000);
-  cleanups.push(() => clearInterval(timer));
-  liveCharts(charts);
+  onLeave(view, () => clearInterval(timer));
+  liveCharts(view, charts);
 }
 
 /** The red line over every page while a pool is not healthy. */
@@ -472,7 +499,7 @@ function eventsCard(events) {
 
 /** Live charts of each pool's I/O from the API's event stream, seeded from the daemon's
  *  history of the last hour. */
-function liveCharts(charts) {
+function liveCharts(view, charts) {
   const opts = (title, series) => ({
     title, width: 520, height: 200,
     scales: { x: { time: true } },
@@ -524,10 +551,10 @@ function liveCharts(charts) {
     // The stream ends with the session: find out whether that is why.
     if (es.readyState === EventSource.CLOSED) api("hello", {}, { background: true }).catch(() => {});
   };
-  cleanups.push(() => es.close());
+  onLeave(view, () => es.close());
   // Charts need the card on the page to size themselves.
   const t = setInterval(() => { for (const k of charts.keys()) redraw(k); }, 1000);
-  cleanups.push(() => clearInterval(t));
+  onLeave(view, () => clearInterval(t));
 }
 
 // ---- Pools ---------------------------------------------------------------------------
@@ -725,7 +752,7 @@ async function pagePool(view, name) {
         if (now.scan.phase !== "scanning" || now.scan.paused) route();
       } catch (e) { /* shown at the next full render */ }
     }, 1000);
-    cleanups.push(() => clearInterval(t));
+    onLeave(view, () => clearInterval(t));
   }
   view.append(h("section", { class: "card" }, h("h2", { text: "Devices" }), vdevTable(r, true), addVdevForm(name)));
   view.append(h("section", { class: "card" }, h("h2", { text: "Properties" }),
@@ -759,7 +786,7 @@ function addVdevForm(pool) {
     spec.push(...devs);
     const r = await api("pool_add", { name: pool, spec, size: parseSize(fd.get("size")) });
     toast(r.message || "Added.");
-    route();
+    refresh(form);
   });
   return form;
 }
@@ -789,11 +816,9 @@ function prop(d, name) {
 async function pageDatasets(view, args) {
   if (args.length) return pageDataset(view, args.join("/"));
   view.append(h("h1", { text: "Datasets" }));
-  const r = await api("dataset_list", { recursive: true });
-  const all = r.datasets || [];
-  const fs = all.filter((d) => d.kind !== "snapshot");
-  const snaps = all.filter((d) => d.kind === "snapshot").length;
-  view.append(h("p", { class: "muted", text: fs.length + " datasets and volumes, " + snaps + " snapshots." }));
+  const r = await api("dataset_list", { recursive: true, types: ["filesystem", "volume"] });
+  const fs = r.datasets || [];
+  view.append(h("p", { class: "muted", text: fs.length + " filesystems and volumes." }));
   view.append(h("section", { class: "card" }, paged(fs, 200, (slice) => table(
     ["Name", "Kind", { label: "Used", num: true }, { label: "Avail", num: true }, { label: "Refer", num: true }, "Mountpoint"],
     slice.map((d) => h("tr", {},
@@ -827,11 +852,11 @@ function createDatasetForm(parents) {
 }
 
 async function pageDataset(view, name) {
-  const r = await api("dataset_list", { names: [name], recursive: true });
-  const all = r.datasets || [];
-  const d = all.find((x) => x.name === name);
+  const [self, under] = await Promise.all([api("dataset_list", { names: [name] }),
+    api("dataset_list", { names: [name], recursive: true, types: ["snapshot"] })]);
+  const d = (self.datasets || [])[0];
   if (!d) throw new Error("There is no dataset " + name + ".");
-  const snaps = all.filter((x) => x.kind === "snapshot" && x.name.startsWith(name + "@"));
+  const snaps = (under.datasets || []).filter((x) => x.name.startsWith(name + "@"));
   view.append(h("p", {}, h("a", { href: "#/datasets", text: "← Datasets" })));
   view.append(h("h1", { text: d.name }));
   // Properties, with their sources; local ones can be inherited back.
@@ -848,7 +873,7 @@ async function pageDataset(view, name) {
         onSubmit(form, async () => {
           await api("dataset_set", { name, props: [[p, input.value.trim()]] });
           toast(p + " set to " + input.value.trim() + ".");
-          route();
+          refresh(form);
         });
         clear(valueCell).append(form);
         input.focus();
@@ -887,7 +912,7 @@ function snapshotsCard(ds, snaps) {
       if (!s) throw new Error("Name the snapshot.");
       await api("snapshot", { names: [ds + "@" + s], recursive: fd.get("recursive") === "on" });
       toast("Snapshot " + ds + "@" + s + " taken.");
-      route();
+      refresh(form);
     });
     card.append(form);
   }
@@ -928,7 +953,7 @@ const SHARE_HINTS = {
 
 async function pageShares(view) {
   view.append(h("h1", { text: "Shares" }));
-  const [shares, ds] = await Promise.all([api("share_list", {}), api("dataset_list", { recursive: true })]);
+  const [shares, ds] = await Promise.all([api("share_list", {}), api("dataset_list", { recursive: true, types: ["filesystem", "volume"] })]);
   view.append(h("section", { class: "card" }, shares.length ? table(["Protocol", "Name", "Dataset", "State", "Options", ""],
     shares.map((s) => {
       const cell = h("td");
@@ -965,7 +990,7 @@ async function pageShares(view) {
     }
     await api("share_add", { protocol: String(fd.get("protocol")), name: String(fd.get("name") || "").trim(), dataset: String(fd.get("dataset")), options });
     toast("Share added.");
-    route();
+    refresh(form);
   });
   view.append(h("section", { class: "card" }, h("h2", { text: "Add a share" }), form));
 }
@@ -996,13 +1021,13 @@ async function pageUsers(view) {
       uid: isNaN(uid) ? null : uid, admin: fd.get("admin") === "on",
       groups: String(fd.get("groups") || "").split(",").map((s) => s.trim()).filter(Boolean) });
     toast("User added.");
-    route();
+    refresh(form);
   });
   view.append(h("section", { class: "card" }, h("h2", { text: "Add a user" }), form));
   const gform = h("form", { class: "row" },
     h("label", { for: "g-name", text: "New group" }), h("input", { id: "g-name", name: "name", spellcheck: "false" }),
     h("button", { type: "submit", text: "Add group" }));
-  onSubmit(gform, async (fd) => { await api("group_add", { name: String(fd.get("name") || "").trim() }); route(); });
+  onSubmit(gform, async (fd) => { await api("group_add", { name: String(fd.get("name") || "").trim() }); refresh(gform); });
   view.append(h("section", { class: "card" }, h("h2", { text: "Groups" }),
     groups.length ? table(["Name", { label: "GID", num: true }, "Members"], groups.map((g) => h("tr", {}, h("td", { text: g.name }), h("td", { class: "num", text: g.gid }), h("td", { text: (g.members || []).join(", ") }))))
       : h("p", { class: "muted", text: "No groups." }), gform));
@@ -1085,12 +1110,12 @@ async function pageTools(view) {
           h("td", { text: rate(a.seq_read_bytes_per_s) }), h("td", { text: rate(a.seq_write_bytes_per_s) }), h("td", { class: "num", text: Math.round(a.random_read_iops) })))));
   });
   view.append(h("section", { class: "card" }, h("h2", { text: "Layouts for your disks" }), form, out));
-  view.append(await benchCard());
+  view.append(await benchCard(view));
 }
 
 /** The benchmark: runs on a mounted filesystem as a job; its progress and figures. */
-async function benchCard() {
-  const [ds, jobs] = await Promise.all([api("dataset_list", { recursive: true }), api("job_list", {})]);
+async function benchCard(view) {
+  const [ds, jobs] = await Promise.all([api("dataset_list", { recursive: true, types: ["filesystem", "volume"] }), api("job_list", {})]);
   const names = (ds.datasets || []).filter((d) => d.kind === "filesystem").map((d) => d.name);
   const form = h("form", { class: "stack" },
     ...field("Filesystem", h("select", { name: "dataset" }, names.map((n) => h("option", { value: n, text: n }))), "It must be mounted; the benchmark works in a directory of its own there and removes it after."),
@@ -1098,14 +1123,14 @@ async function benchCard() {
   onSubmit(form, async (fd) => {
     const r = await api("dataset_bench", { dataset: String(fd.get("dataset")) });
     toast(r.message || "Benchmark started.");
-    route();
+    refresh(form);
   });
   const benches = jobs.filter((j) => j.kind === "bench");
   const card = h("section", { class: "card" }, h("h2", { text: "Benchmark" }), form);
   card.append(jobsTable(benches));
   if (benches.some((j) => j.state === "running")) {
     const t = setInterval(() => route(), 2000);
-    cleanups.push(() => clearInterval(t));
+    onLeave(view, () => clearInterval(t));
   }
   return card;
 }

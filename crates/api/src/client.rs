@@ -23,6 +23,9 @@ const MAX_RESPONSE: usize = 64 << 20;
 
 type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
+/// A response: its status, its headers (lowercase names) and its body.
+pub type Answer = (u16, Vec<(String, String)>, Vec<u8>);
+
 pub struct HttpsClient {
     addr: SocketAddr,
     config: Arc<rustls::ClientConfig>,
@@ -78,6 +81,18 @@ impl HttpsClient {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<(u16, Vec<u8>)> {
+        self.request_with_headers(method, path, headers, body)
+            .map(|(status, _, body)| (status, body))
+    }
+
+    /// One request: (status, the response's headers with lowercase names, body).
+    pub fn request_with_headers(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer> {
         let fresh = self.conn.is_none();
         match self.try_request(method, path, headers, body) {
             Ok(r) => Ok(r),
@@ -92,13 +107,47 @@ impl HttpsClient {
         }
     }
 
+    /// A request whose body is a stream (the event stream): its status, and a reader of
+    /// the rest of the connection (the body as sent, chunk framing included), which is
+    /// the caller's from then on.
+    pub fn stream(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, Box<dyn BufRead + Send>)> {
+        let mut head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        self.conn = None;
+        self.connect()?;
+        let mut c = self.conn.take().expect("connected");
+        c.get_mut().write_all(head.as_bytes())?;
+        c.get_mut().flush()?;
+        let mut line = String::new();
+        c.read_line(&mut line)?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("not an HTTP status line: {line:?}"))?;
+        loop {
+            line.clear();
+            if c.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
+                break;
+            }
+        }
+        Ok((status, Box::new(c)))
+    }
+
     fn try_request(
         &mut self,
         method: &str,
         path: &str,
         headers: &[(&str, &str)],
         body: &[u8],
-    ) -> Result<(u16, Vec<u8>)> {
+    ) -> Result<Answer> {
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n",
             body.len()
@@ -123,6 +172,7 @@ impl HttpsClient {
             .with_context(|| format!("not an HTTP status line: {line:?}"))?;
         let mut len = None;
         let mut close = false;
+        let mut got = Vec::new();
         loop {
             line.clear();
             c.read_line(&mut line)?;
@@ -131,11 +181,13 @@ impl HttpsClient {
                 break;
             }
             let (k, v) = l.split_once(':').unwrap_or((l, ""));
-            match k.to_ascii_lowercase().as_str() {
+            let k = k.to_ascii_lowercase();
+            match k.as_str() {
                 "content-length" => len = v.trim().parse::<usize>().ok(),
                 "connection" => close = v.trim().eq_ignore_ascii_case("close"),
                 _ => {}
             }
+            got.push((k, v.trim().to_string()));
         }
         let Some(len) = len else {
             bail!("the response has no Content-Length");
@@ -148,6 +200,6 @@ impl HttpsClient {
         if close {
             self.conn = None;
         }
-        Ok((status, out))
+        Ok((status, got, out))
     }
 }

@@ -424,6 +424,7 @@ pub fn router(st: St) -> Router {
                     Request::DatasetList {
                         names: vec![],
                         recursive: true,
+                        types: Vec::new(),
                     },
                 )
                 .await

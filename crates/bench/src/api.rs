@@ -46,10 +46,62 @@ pub struct Options {
     pub dir: PathBuf,
 }
 
-struct Daemon {
-    child: crate::run::util::Daemon,
-    addr: std::net::SocketAddr,
-    data: PathBuf,
+pub(crate) struct Daemon {
+    pub(crate) child: crate::run::util::Daemon,
+    pub(crate) addr: std::net::SocketAddr,
+    pub(crate) data: PathBuf,
+}
+
+/// The peak of a process's resident memory, sampled every 100 ms on a thread until
+/// `finish`.
+pub(crate) struct PeakRss {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    pub(crate) fn start(pid: u32) -> PeakRss {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(rss(pid));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            peak
+        });
+        PeakRss { stop, thread }
+    }
+
+    pub(crate) fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+/// Runs `f` on a data directory made under `dir` with an administrator account `bench`
+/// (password "a bench password"), and removes it after.
+pub(crate) fn with_data_dir<T>(
+    dir: &Path,
+    name: &str,
+    exe: &Path,
+    f: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    let tmp = dir.join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let result = (|| {
+        let data = tmp.join("data");
+        tank(
+            exe,
+            &data,
+            &["user", "add", "bench", "--admin"],
+            "a bench password\n",
+        )?;
+        f(&data)
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
 }
 
 /// The daemon's resident memory in bytes.
@@ -63,7 +115,7 @@ pub fn rss(pid: u32) -> u64 {
         * 1024
 }
 
-fn tank(exe: &Path, data: &Path, args: &[&str], stdin: &str) -> Result<String> {
+pub(crate) fn tank(exe: &Path, data: &Path, args: &[&str], stdin: &str) -> Result<String> {
     let mut child = Command::new(exe)
         .args(args)
         .env("TANK_DATA_DIR", data)
@@ -87,7 +139,7 @@ fn tank(exe: &Path, data: &Path, args: &[&str], stdin: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn start(exe: &Path, data: &Path) -> Result<Daemon> {
+pub(crate) fn start(exe: &Path, data: &Path) -> Result<Daemon> {
     let mut child = Command::new(exe)
         .args(["serve", "--api", "127.0.0.1:0"])
         .env("TANK_DATA_DIR", data)
@@ -204,18 +256,7 @@ fn measure(
 ) -> Result<Sample> {
     let pid = d.child.0.id();
     let rss_rest = rss(pid);
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !stop.load(Ordering::Relaxed) {
-                peak = peak.max(rss(pid));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            peak
-        })
-    };
+    let peak = PeakRss::start(pid);
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
     let sock = d.data.join("tank.sock");
@@ -238,8 +279,7 @@ fn measure(
             .collect()
     });
     let elapsed = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let rss_peak = sampler.join().unwrap_or(0);
+    let rss_peak = peak.finish();
     let mut all = Vec::new();
     for r in results {
         all.extend(r?);
@@ -259,24 +299,13 @@ fn measure(
 
 /// Runs the benchmark; `exe` is the tank program. Returns every sample of every run.
 pub fn run(exe: &Path, opts: &Options, progress: &dyn Fn(&Sample)) -> Result<Vec<Sample>> {
-    let tmp = opts
-        .dir
-        .join(format!("tank-bench-api-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = (|| -> Result<Vec<Sample>> {
-        let data = tmp.join("data");
-        tank(
-            exe,
-            &data,
-            &["user", "add", "bench", "--admin"],
-            "a bench password\n",
-        )?;
-        let token = tank(exe, &data, &["token", "add", "bench"], "")?
+    with_data_dir(&opts.dir, "tank-bench-api", exe, |data| {
+        let token = tank(exe, data, &["token", "add", "bench"], "")?
             .trim()
             .strip_prefix("token: ")
             .context("no token printed")?
             .to_string();
-        let d = start(exe, &data)?;
+        let d = start(exe, data)?;
         // Warm up both paths (connections, caches).
         measure(&d, &token, "socket", 1, 0.5)?;
         measure(&d, &token, "https", 1, 0.5)?;
@@ -292,9 +321,7 @@ pub fn run(exe: &Path, opts: &Options, progress: &dyn Fn(&Sample)) -> Result<Vec
         }
         drop(d);
         Ok(out)
-    })();
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    })
 }
 
 /// The median of each (transport, clients) over the runs.

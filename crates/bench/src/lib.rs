@@ -13,6 +13,7 @@
 //! the NFSv3 client of `tank bench-nfs` (and of the NFS tests).
 
 pub mod api;
+pub mod console;
 pub mod emulate;
 pub mod fsbench;
 pub mod link;

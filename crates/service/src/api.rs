@@ -224,6 +224,11 @@ pub enum Request {
         names: Vec<String>,
         #[serde(default)]
         recursive: bool,
+        /// Only these kinds (`zfs list -t`); none: every kind. A dataset named without
+        /// `recursive` is listed whatever its kind.
+        #[serde(default)]
+        #[schema(value_type = Vec<String>)]
+        types: Vec<DatasetKind>,
     },
     DatasetCreate {
         name: String,

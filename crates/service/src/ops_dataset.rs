@@ -216,7 +216,11 @@ impl Service {
     pub(crate) fn dataset_request(&self, ctx: &mut Ctx, req: Request) -> Res<Response> {
         use Request as R;
         match req {
-            R::DatasetList { names, recursive } => {
+            R::DatasetList {
+                names,
+                recursive,
+                types,
+            } => {
                 let pools: Vec<String> = if names.is_empty() {
                     self.pool_names()?
                 } else {
@@ -243,7 +247,16 @@ impl Service {
                         }
                         ids
                     };
+                    let named = !names.is_empty() && !recursive;
                     for id in ids {
+                        // The kind is in the record: a kind not asked for costs no
+                        // property computation.
+                        if !types.is_empty() && !named {
+                            let kind = o.dsl.record(id).map_err(anyhow::Error::from)?.kind;
+                            if !types.contains(&kind) {
+                                continue;
+                            }
+                        }
                         out.push(o.dsl.info(id).map_err(anyhow::Error::from)?);
                     }
                 }

@@ -64,6 +64,7 @@ fn requests_run_and_every_family_is_authorized() {
         Request::DatasetList {
             names: vec!["p".into()],
             recursive: true,
+            types: Vec::new(),
         },
     )
     .unwrap() else {
@@ -127,6 +128,7 @@ fn requests_run_and_every_family_is_authorized() {
         Request::DatasetList {
             names: vec![],
             recursive: false,
+            types: Vec::new(),
         },
         Request::ShareList,
         Request::JobList,
@@ -228,6 +230,7 @@ fn requests_run_and_every_family_is_authorized() {
         Request::DatasetList {
             names: vec!["p".into()],
             recursive: true,
+            types: Vec::new(),
         },
     )
     .unwrap() else {

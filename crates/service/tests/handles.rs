@@ -208,6 +208,7 @@ fn two_holders_share_a_dataset_while_a_third_renames_and_rolls_it_back() {
         Request::DatasetList {
             names: vec![],
             recursive: true,
+            types: Vec::new(),
         },
     ) else {
         panic!()
@@ -330,6 +331,7 @@ fn a_background_destroy_is_a_job_with_progress() {
         Request::DatasetList {
             names: vec![],
             recursive: true,
+            types: Vec::new(),
         },
     ) else {
         panic!()

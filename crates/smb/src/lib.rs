@@ -271,6 +271,7 @@ impl Inner {
         let req = Request::DatasetList {
             names: vec![dataset.to_string()],
             recursive: false,
+            types: Vec::new(),
         };
         match self.svc.handle(&Self::admin(), req, None).0 {
             Ok(Response::Datasets { datasets }) => datasets

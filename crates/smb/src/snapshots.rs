@@ -99,6 +99,7 @@ pub fn run(svc: &Service, shares: &[(String, u64, usize)]) -> Vec<String> {
         let req = Request::DatasetList {
             names: vec![dataset.clone()],
             recursive: true,
+            types: Vec::new(),
         };
         let existing: Vec<i64> = match svc.handle(&admin, req, None).0 {
             Ok(Response::Datasets { datasets }) => datasets

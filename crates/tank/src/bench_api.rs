@@ -25,6 +25,18 @@ pub struct BenchApiArgs {
     dir: Option<std::path::PathBuf>,
     #[arg(long)]
     json: bool,
+    /// Measure the web console instead: its page weight, its dashboard's and dataset page's
+    /// server time on a pool of 200 datasets and 1,000 snapshots (the dashboard's requests
+    /// over the local socket as the baseline), and the daemon's memory with --consoles
+    /// consoles on live charts for --seconds.
+    #[arg(long)]
+    console: bool,
+    /// With --console: consoles open at once.
+    #[arg(long, default_value_t = 10)]
+    consoles: usize,
+    /// With --console: dashboard samples per run.
+    #[arg(long, default_value_t = 50)]
+    samples: usize,
 }
 
 fn line(s: &Sample) -> String {
@@ -40,7 +52,95 @@ fn line(s: &Sample) -> String {
     )
 }
 
+fn run_console(a: BenchApiArgs) -> Result<()> {
+    if a.consoles == 0 || a.consoles > 100 || a.samples == 0 {
+        bail!("--consoles takes 1 to 100 and --samples at least 1");
+    }
+    let exe = std::env::current_exe()?;
+    let opts = tank_bench::console::Options {
+        consoles: a.consoles,
+        seconds: a.seconds,
+        samples: a.samples,
+        runs: a.runs,
+        dir: a
+            .dir
+            .map_or_else(std::env::temp_dir, |d| crate::out::resolve(&d)),
+    };
+    let all = tank_bench::console::run(&exe, &opts, &|r| {
+        if !a.json {
+            errln!(
+                "run: page {} B, dashboard p50 {:.1} ms (socket {:.1} ms), datasets {:.1} ms, \
+                 RSS {} -> {} with {} consoles",
+                r.page_bytes,
+                r.dashboard_https_p50_ms,
+                r.dashboard_socket_p50_ms,
+                r.datasets_https_p50_ms,
+                human(r.rss_rest),
+                human(r.rss_peak),
+                r.consoles
+            );
+        }
+    })?;
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    let med = |f: &dyn Fn(&tank_bench::console::Report) -> f64| {
+        let mut v: Vec<f64> = all.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let first = &all[0];
+    outln!(
+        "a first visit: {} bytes in {} files",
+        first.page_bytes,
+        first.files.len()
+    );
+    for (p, b) in &first.files {
+        outln!("  {b:>8}  {p}");
+    }
+    let (https, sock) = (
+        med(&|r| r.dashboard_https_p50_ms),
+        med(&|r| r.dashboard_socket_p50_ms),
+    );
+    outln!(
+        "medians of {} runs, {} datasets and {} snapshots:",
+        all.len(),
+        tank_bench::console::DATASETS,
+        tank_bench::console::SNAPSHOTS
+    );
+    outln!(
+        "  dashboard refresh (4 requests at once): p50 {https:.1} ms, p99 {:.1} ms over HTTPS; \
+         {sock:.1} ms over the local socket ({:.2}x)",
+        med(&|r| r.dashboard_https_p99_ms),
+        https / sock.max(1e-9)
+    );
+    outln!(
+        "  datasets page (dataset_list of the filesystems and volumes, {} bytes): p50 {:.1} ms",
+        first.datasets_bytes,
+        med(&|r| r.datasets_https_p50_ms)
+    );
+    outln!(
+        "  everything with the snapshots (dataset_list, {} bytes): p50 {:.1} ms",
+        first.all_bytes,
+        med(&|r| r.all_https_p50_ms)
+    );
+    outln!(
+        "  daemon memory: {} at rest, {} at the peak with {} consoles on live charts for {} s \
+         (each received at least {} I/O events)",
+        human(med(&|r| r.rss_rest as f64) as u64),
+        human(med(&|r| r.rss_peak as f64) as u64),
+        a.consoles,
+        a.seconds,
+        all.iter().map(|r| r.min_events).min().unwrap_or(0)
+    );
+    Ok(())
+}
+
 pub fn run(a: BenchApiArgs) -> Result<()> {
+    if a.console {
+        return run_console(a);
+    }
     if a.clients.is_empty() || a.clients.iter().any(|c| *c == 0 || *c > 1000) {
         bail!("--clients takes numbers from 1 to 1000");
     }

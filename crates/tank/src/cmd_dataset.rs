@@ -292,8 +292,17 @@ fn wanted_types(spec: &str) -> Result<Vec<DatasetKind>> {
     Ok(out)
 }
 
-fn datasets(c: &Client, names: Vec<String>, recursive: bool) -> Result<Vec<DatasetInfo>> {
-    match c.call(Request::DatasetList { names, recursive })? {
+fn datasets(
+    c: &Client,
+    names: Vec<String>,
+    recursive: bool,
+    types: Vec<DatasetKind>,
+) -> Result<Vec<DatasetInfo>> {
+    match c.call(Request::DatasetList {
+        names,
+        recursive,
+        types,
+    })? {
         Response::Datasets { datasets } => Ok(datasets),
         r => Err(unexpected(r)),
     }
@@ -328,7 +337,7 @@ fn list(c: &Client, a: ListArgs) -> Result<()> {
     }
     let named = !a.names.is_empty();
     // Without names, list everything (zfs list shows all datasets).
-    let rows: Vec<DatasetInfo> = datasets(c, a.names, a.recursive || !named)?
+    let rows: Vec<DatasetInfo> = datasets(c, a.names, a.recursive || !named, types.clone())?
         .into_iter()
         .filter(|i| types.contains(&i.kind) || (named && !a.recursive))
         .collect();
@@ -391,7 +400,7 @@ fn get(c: &Client, a: GetArgs) -> Result<()> {
     let mut rows = Vec::new();
     let mut json = Vec::new();
     for name in &a.names {
-        for i in datasets(c, vec![name.clone()], a.recursive)? {
+        for i in datasets(c, vec![name.clone()], a.recursive, Vec::new())? {
             let props: Vec<&(String, String, String)> = match &wanted {
                 None => i.props.iter().collect(),
                 Some(w) => w

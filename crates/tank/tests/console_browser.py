@@ -54,6 +54,21 @@ def check_problems(where):
         raise SystemExit(f"browser problems at '{where}': " + "; ".join(problems))
 
 
+def done_or_error(page, success):
+    """Waits for `success` (a locator) or a refusal on the page; a refusal fails the run
+    with the server's words."""
+    err = page.locator("main .error")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if success.count() > 0:
+            return
+        if err.count() > 0:
+            raise SystemExit("the page shows an error: " + " / ".join(err.all_inner_texts()))
+        time.sleep(0.1)
+    raise SystemExit("neither the result nor an error appeared; the page at " + page.url + " shows: "
+                     + page.locator("main").inner_text()[:1500])
+
+
 def login(page, user, pw):
     page.goto(URL + "/")
     expect(page).to_have_url(re.compile(r"/login$"))
@@ -127,6 +142,7 @@ def main():
              + " | ".join(plan.locator("tr").all_inner_texts()[:3]).replace("\t", " "))
         shot(page, "pool-wizard")
         page.click("form button:has-text('Create pool')")
+        done_or_error(page, page.locator("main h1", has_text="Pool vault"))
         expect(page.locator("main h1")).to_contain_text("Pool vault", timeout=60000)
         expect(page.locator("main")).to_contain_text("raidz2-0")
         step("pool 'vault' created through the wizard, raidz2 of the 4 devices")
@@ -189,6 +205,7 @@ def main():
         page.fill("textarea[name=options]", "timemachine=off")
         page.click("button:has-text('Add share')")
         row = page.locator("main tr", has_text="vault/docs")
+        done_or_error(page, row)
         expect(row).to_contain_text("docs")
         step("SMB share 'docs' of vault/docs added: " + row.inner_text().replace("\t", " | "))
         check_problems("share")
@@ -199,6 +216,7 @@ def main():
         page.fill("input[name=name]", USER)
         page.fill("input[name=password]", USER_PW)
         page.click("button:has-text('Add user')")
+        done_or_error(page, page.locator("main tr", has_text=USER))
         expect(page.locator("main tr", has_text=USER)).to_contain_text("user")
         step(f"user '{USER}' added")
         shot(page, "users")
