@@ -174,7 +174,9 @@ function onSubmit(form, action) {
 function field(label, input, hint) {
   const id = input.id || "f-" + Math.random().toString(36).slice(2, 9);
   input.id = id;
-  return [h("label", { for: id, text: label }), hint ? h("p", { class: "hint", text: hint, id: id + "-hint" }) : null, input];
+  if (hint) input.setAttribute("aria-describedby", id + "-hint");
+  return hint ? [h("label", { for: id, text: label }), h("p", { class: "hint", text: hint, id: id + "-hint" }), input]
+    : [h("label", { for: id, text: label }), input];
 }
 
 function checkbox(name, label, checked) {
@@ -207,6 +209,28 @@ function confirmAction({ title, lose, typed, verb, danger }) {
     dlg.addEventListener("cancel", () => done(false));
     dlg.showModal();
     (input || ok).focus();
+  });
+}
+
+/** Asks for one value in a dialog; resolves to the text, or null if canceled. */
+function askText({ title, label, hint, value, verb }) {
+  return new Promise((resolve) => {
+    const input = h("input", { id: "ask-text", value: value || "", autocomplete: "off", spellcheck: "false" });
+    const form = h("form", { method: "dialog", class: "stack" },
+      h("h2", { text: title }),
+      h("label", { for: "ask-text", text: label }),
+      hint ? h("p", { class: "hint", text: hint }) : null,
+      input,
+      h("div", { class: "row" }, h("button", { type: "submit", class: "primary", text: verb || "OK" }),
+        h("button", { type: "button", text: "Cancel", onclick: () => done(null) })));
+    const dlg = h("dialog", { "aria-label": title }, form);
+    document.body.append(dlg);
+    let answered = false;
+    function done(v) { if (!answered) { answered = true; dlg.close(); dlg.remove(); resolve(v); } }
+    form.addEventListener("submit", (ev) => { ev.preventDefault(); done(input.value.trim() || null); });
+    dlg.addEventListener("cancel", () => done(null));
+    dlg.showModal();
+    input.focus();
   });
 }
 
@@ -266,6 +290,7 @@ const pages = {
   users: pageUsers,
   account: pageAccount,
   tools: pageTools,
+  browse: pageBrowse,
 };
 
 async function route() {
@@ -325,7 +350,8 @@ async function pageDashboard(view) {
   await draw();
   const timer = setInterval(() => draw().catch(() => {}), 5000);
   onLeave(view, () => clearInterval(timer));
-  liveCharts(view, charts);
+  // A pool event (an error, a state change, a scrub's start or end) shows at once.
+  liveCharts(view, charts, () => draw().catch(() => {}));
 }
 
 /** The red line over every page while a pool is not healthy. */
@@ -384,10 +410,30 @@ function poolCard(r, s, cache, charts) {
   }
   let chart = charts.get(r.name);
   if (!chart) {
-    chart = { box: h("div", { class: "grid" }), bw: null, ops: null, data: [[], [], [], [], []] };
+    chart = { box: h("div", { class: "grid" }), bw: null, ops: null, data: [[], [], [], [], []], week: null };
     charts.set(r.name, chart);
   }
-  card.append(h("h3", { text: "Throughput and IOPS (live)" }), chart.box);
+  const c = chart;
+  const range = h("select", { "aria-label": "chart range of " + r.name },
+    h("option", { value: "hour", text: "last hour, live", selected: !c.week }), h("option", { value: "week", text: "last week, by the minute", selected: !!c.week }));
+  range.addEventListener("change", async () => {
+    if (range.value === "week") {
+      try {
+        const [hist] = await api("pool_iostat_history", { name: r.name }, { background: true });
+        const m = hist ? hist.minutes : [];
+        c.week = [m.map((x) => x.time), m.map((x) => x.read_bytes), m.map((x) => x.write_bytes), m.map((x) => x.read_ops), m.map((x) => x.write_ops)];
+      } catch (e) {
+        range.after(errorBox(e));
+        return;
+      }
+    } else c.week = null;
+    if (c.bw) {
+      const d = c.week || c.data;
+      c.bw.setData([d[0], d[1], d[2]]);
+      c.ops.setData([d[0], d[3], d[4]]);
+    }
+  });
+  card.append(h("div", { class: "spread" }, h("h3", { text: "Throughput and IOPS" }), range), chart.box);
   return card;
 }
 
@@ -462,10 +508,17 @@ function deviceActions(r, v, section, parent) {
     () => confirmAction({ title: "Take " + v.name + " offline?", lose: "The pool keeps working on its redundancy; without it, it may become unavailable.", verb: "Offline" }));
   if (v.read_errors + v.write_errors + v.cksum_errors) b("Clear", () => api("pool_clear", { name: pool, device: dev }));
   b("Replace", async () => {
-    const to = prompt("Replace " + v.name + " with which device (an absolute path; a file is made at the old device's size)?");
-    if (!to) return null;
-    return api("pool_replace", { name: pool, old: dev, new: to });
+    const to = await askText({ title: "Replace " + v.name, label: "New device", verb: "Replace",
+      hint: "An absolute path: a block device, or a file (made at the old device's size). The resilver copies onto it; the old device leaves when it is done." });
+    return to ? api("pool_replace", { name: pool, old: dev, new: to }) : null;
   });
+  if (section === "data" && !/^(raidz|replacing|spare)/.test(parent)) {
+    b("Attach", async () => {
+      const to = await askText({ title: "Attach a mirror side to " + v.name, label: "New device", verb: "Attach",
+        hint: "An absolute path; the device becomes (or joins) a mirror with " + v.name + " and is resilvered." });
+      return to ? api("pool_attach", { name: pool, existing: dev, new: to }) : null;
+    });
+  }
   if (section === "cache" || section === "spares" || section === "logs") {
     b("Remove", () => api("pool_remove", { name: pool, devices: [dev] }),
       () => confirmAction({ title: "Remove " + v.name + " from " + pool + "?", verb: "Remove", danger: true }), true);
@@ -499,7 +552,7 @@ function eventsCard(events) {
 
 /** Live charts of each pool's I/O from the API's event stream, seeded from the daemon's
  *  history of the last hour. */
-function liveCharts(view, charts) {
+function liveCharts(view, charts, onPoolEvent) {
   const opts = (title, series) => ({
     title, width: 520, height: 200,
     scales: { x: { time: true } },
@@ -535,7 +588,7 @@ function liveCharts(view, charts) {
   }).catch(() => {});
   const redraw = (pool) => {
     const c = ensure(pool);
-    if (!c || !c.bw) return;
+    if (!c || !c.bw || c.week) return;
     c.bw.setData([c.data[0], c.data[1], c.data[2]]);
     c.ops.setData([c.data[0], c.data[3], c.data[4]]);
   };
@@ -546,7 +599,7 @@ function liveCharts(view, charts) {
     push(d.pool, Date.now() / 1000, d.read_bytes / secs, d.write_bytes / secs, d.read_ops / secs, d.write_ops / secs);
     redraw(d.pool);
   });
-  es.addEventListener("pool_event", () => {});
+  es.addEventListener("pool_event", () => onPoolEvent());
   es.onerror = () => {
     // The stream ends with the session: find out whether that is why.
     if (es.readyState === EventSource.CLOSED) api("hello", {}, { background: true }).catch(() => {});
@@ -890,6 +943,7 @@ async function pageDataset(view, name) {
   });
   const propCard = h("section", { class: "card" }, h("h2", { text: "Properties" }), table(["Property", "Value", "Source", ""], rows));
   view.append(snapshotsCard(name, snaps));
+  if (me.admin && d.kind !== "snapshot") view.append(await scheduleCard(name));
   view.append(propCard);
   if (me.admin && name.includes("/")) {
     const del = h("button", { type: "button", class: "danger", text: "Destroy " + name });
@@ -927,10 +981,13 @@ function snapshotsCard(ds, snaps) {
         rb.addEventListener("click", () => act(rb, () => api("rollback", { snapshot: s.name, destroy_later: true }),
           () => confirmAction({ title: "Roll " + ds + " back to " + short + "?", lose: "Every change made to " + ds + " since " + short + " is lost, and the snapshots taken after it are destroyed.", typed: short.slice(1), verb: "Roll back", danger: true })));
         const cl = h("button", { type: "button", text: "Clone", "aria-label": "Clone " + s.name });
-        cl.addEventListener("click", () => act(cl, () => {
-          const target = prompt("Name of the new dataset (POOL/NAME) cloned from " + s.name + ":");
-          return target ? api("clone", { snapshot: s.name, target: target.trim() }) : null;
+        cl.addEventListener("click", () => act(cl, async () => {
+          const target = await askText({ title: "Clone " + s.name, label: "New dataset", value: ds + "-clone", verb: "Clone",
+            hint: "POOL/NAME: a writable dataset that starts as the snapshot; the snapshot is kept while the clone lives." });
+          return target ? api("clone", { snapshot: s.name, target }) : null;
         }));
+        const br = h("a", { href: "#/browse/" + encodeURIComponent(s.name) + "/", text: "Browse" });
+        acts.append(br);
         const del = h("button", { type: "button", class: "danger", text: "Destroy", "aria-label": "Destroy " + s.name });
         del.addEventListener("click", () => act(del, () => api("dataset_destroy", { name: s.name }),
           () => confirmAction({ title: "Destroy " + s.name + "?", lose: "The snapshot's copy of the files is lost; the live dataset is unchanged.", verb: "Destroy", danger: true })));
@@ -942,13 +999,107 @@ function snapshotsCard(ds, snaps) {
   return card;
 }
 
+
+/** The dataset's snapshot schedule: what it keeps of each period, edited. */
+async function scheduleCard(ds) {
+  const all = await api("schedule_list", {});
+  const cur = all.find((x) => x.dataset === ds);
+  const sch = cur ? cur.schedule : { hourly: 0, daily: 0, weekly: 0, monthly: 0, recursive: false };
+  const card = h("section", { class: "card", "aria-labelledby": "sched-h" }, h("h2", { id: "sched-h", text: "Snapshot schedule" }));
+  if (cur) {
+    card.append(h("p", { class: "small" }, "Kept now: " + cur.kept.map(([p, n]) => n + " " + p).join(", ") +
+      (cur.newest ? "; newest " + cur.newest : "") + (sch.recursive ? "; children included" : "")));
+  } else {
+    card.append(h("p", { class: "muted small", text: "No schedule: snapshots are taken only by hand." }));
+  }
+  const num = (name, label) => field(label, h("input", { name, type: "number", min: 0, max: 10000, value: sch[name] || 0 }));
+  const form = h("form", { class: "stack" },
+    h("p", { class: "hint", text: "How many of each to keep (0: none). Snapshots are named autosnap_DATE_PERIOD and taken at each period's start (UTC); the oldest beyond the count are destroyed." }),
+    ...num("hourly", "Hourly"), ...num("daily", "Daily"), ...num("weekly", "Weekly"), ...num("monthly", "Monthly"),
+    checkbox("recursive", "Include child datasets (atomic)", sch.recursive),
+    h("div", { class: "row" }, h("button", { type: "submit", class: "primary", text: "Save schedule" }),
+      cur ? h("button", { type: "button", class: "danger", text: "Remove schedule", onclick: (ev) => act(ev.currentTarget, () => api("schedule_set", { dataset: ds, schedule: null }),
+        () => confirmAction({ title: "Remove the schedule of " + ds + "?", lose: "No more snapshots are taken or pruned on schedule; those taken stay.", verb: "Remove" })) }) : null));
+  onSubmit(form, async (fd) => {
+    const n = (k) => parseInt(fd.get(k), 10) || 0;
+    const schedule = { hourly: n("hourly"), daily: n("daily"), weekly: n("weekly"), monthly: n("monthly"), recursive: fd.get("recursive") === "on" };
+    const r = await api("schedule_set", { dataset: ds, schedule });
+    toast(r.message || "Schedule saved.");
+    refresh(form);
+  });
+  card.append(form);
+  return card;
+}
+
+/** The files of a snapshot, a directory at a time. */
+async function pageBrowse(view, args) {
+  const snap = args[0];
+  const path = "/" + args.slice(1).filter(Boolean).join("/");
+  const ds = snap.split("@")[0];
+  view.append(h("p", {}, h("a", { href: "#/datasets/" + ds.split("/").map(encodeURIComponent).join("/"), text: "← " + ds })));
+  view.append(h("h1", { text: snap + ":" + path }));
+  const list = h("div");
+  const crumbs = h("p", { class: "mono small" });
+  const parts = path.split("/").filter(Boolean);
+  const link = (n) => "#/browse/" + encodeURIComponent(snap) + "/" + parts.slice(0, n).map(encodeURIComponent).join("/");
+  crumbs.append(h("a", { href: link(0), text: snap.split("@")[1] }));
+  parts.forEach((p, i) => crumbs.append(" / ", h("a", { href: link(i + 1), text: p })));
+  view.append(crumbs, list);
+  const more = h("button", { type: "button", text: "More", hidden: true });
+  let rows = [];
+  const load = async (cookie) => {
+    const r = await api("snapshot_browse", { snapshot: snap, path, cookie, limit: 200 });
+    rows = rows.concat(r.entries.map((e) => h("tr", {},
+      h("td", { class: "mono" }, e.kind === "dir"
+        ? h("a", { href: link(parts.length) + (parts.length ? "/" : "") + encodeURIComponent(e.name), text: e.name + "/" })
+        : e.name),
+      h("td", { text: e.kind }), h("td", { class: "num", text: e.kind === "file" ? size(e.size) : "" }),
+      h("td", { class: "mono", text: (e.mode & 0o7777).toString(8).padStart(4, "0") }),
+      h("td", { text: e.uid + ":" + e.gid }), h("td", { text: when(e.mtime) }))));
+    clear(list).append(rows.length ? table(["Name", "Kind", { label: "Size", num: true }, "Mode", "Owner", "Modified"], rows)
+      : h("p", { class: "muted", text: "Empty directory." }));
+    more.hidden = r.next == null;
+    more.onclick = () => load(r.next).catch((e) => list.append(errorBox(e)));
+  };
+  await load(0);
+  view.append(more, h("p", { class: "hint", text: "Read-only: a snapshot never changes. Copy files out through a share's Previous Versions, the mount's .tank/snapshot directory, or roll back." }));
+}
+
 // ---- Shares --------------------------------------------------------------------------
 
-const SHARE_HINTS = {
-  smb: "Options, one KEY=VALUE a line: timemachine=on, timemachine_quota=500G, previous_versions=on, users=alice,bob, read_only=on, guest=off",
-  nfs: "Options, one KEY=VALUE a line: clients=192.168.1.0/24, squash=root|all|none, read_only=on, anon_uid=65534",
-  s3: "Options, one KEY=VALUE a line: users=alice, versioning=on, object_lock=on",
-  iscsi: "Options, one KEY=VALUE a line: chap_user=..., chap_secret=..., initiators=iqn...",
+// Each share kind's wizard: its fields (name, label, kind, default, hint), as the service
+// takes them (docs/SMB.md, NFS.md, S3.md, ISCSI.md).
+const SHARE_FIELDS = {
+  smb: [
+    ["timemachine", "Time Machine backups (Macs see it as a backup disk)", "check", false],
+    ["timemachine_quota", "Time Machine size limit", "text", "", "e.g. 500G; empty: none"],
+    ["previous_versions", "Previous Versions (Windows shows the snapshots)", "check", true],
+    ["browseable", "Listed when browsing the server", "check", true],
+    ["guest", "Guests may connect without a password", "check", false],
+    ["users", "Users allowed", "text", "", "comma-separated; empty: every account"],
+    ["groups", "Groups allowed", "text", "", "comma-separated"],
+    ["comment", "Comment", "text", ""],
+  ],
+  nfs: [
+    ["clients", "Clients allowed", "text", "", "addresses, networks (192.168.1.0/24) or host names, comma-separated; empty: anyone"],
+    ["squash", "Squash", "select", "root_squash", "", [["root_squash", "root (root_squash)"], ["no_root_squash", "none (no_root_squash)"], ["all_squash", "everyone (all_squash)"]]],
+    ["anonuid", "Anonymous uid", "text", "65534"],
+    ["anongid", "Anonymous gid", "text", "65534"],
+  ],
+  s3: [
+    ["users", "Users allowed", "text", "", "comma-separated; empty: every account with a key"],
+    ["groups", "Groups allowed", "text", "", "comma-separated"],
+    ["versioning", "Versioning", "select", "off", "", [["off", "off"], ["enabled", "enabled"], ["suspended", "suspended"]]],
+    ["object_lock", "Object Lock (WORM retention; turns versioning on)", "check", false],
+    ["public", "Anonymous access", "select", "off", "", [["off", "none"], ["read", "read and list"], ["objects", "read objects, no listing"]]],
+  ],
+  iscsi: [
+    ["lun", "LUN", "text", "0"],
+    ["iqn", "Target IQN", "text", "", "empty: iqn.2026-11.org.tank:POOL.VOLUME"],
+    ["initiators", "Initiators allowed", "text", "", "IQNs, comma-separated; empty: any"],
+    ["chap_users", "CHAP accounts", "text", "", "accounts whose CHAP secret an initiator must prove, comma-separated"],
+    ["mutual_chap_user", "Mutual CHAP account", "text", "", "the account whose secret the target proves (needs CHAP accounts)"],
+  ],
 };
 
 async function pageShares(view) {
@@ -968,19 +1119,46 @@ async function pageShares(view) {
         h("td", { class: "mono small", text: Object.entries(s.options).map(([k, v]) => k + "=" + v).join(" ") }), cell);
     })) : h("p", { class: "muted", text: "Nothing is shared yet." })));
   if (!me.admin) return;
-  const names = (ds.datasets || []).filter((d) => d.kind !== "snapshot").map((d) => d.name);
-  const proto = h("select", { name: "protocol" }, ["smb", "nfs", "s3", "iscsi"].map((p) => h("option", { value: p, text: p.toUpperCase() })));
-  const hint = h("p", { class: "hint", text: SHARE_HINTS.smb });
-  proto.addEventListener("change", () => (hint.textContent = SHARE_HINTS[proto.value]));
+  const all = (ds.datasets || []).filter((d) => d.kind !== "snapshot");
+  const proto = h("select", { name: "protocol" }, [["smb", "SMB (Windows, macOS)"], ["nfs", "NFS (Linux, hypervisors)"], ["s3", "S3 (backup tools, apps)"], ["iscsi", "iSCSI (a volume as a disk)"]]
+    .map(([p, t]) => h("option", { value: p, text: t })));
+  const dataset = h("select", { name: "dataset" });
+  const fields = h("div", { class: "stack" });
+  const drawFields = () => {
+    const p = proto.value;
+    // iSCSI serves volumes; the others serve filesystems.
+    const want = p === "iscsi" ? "volume" : "filesystem";
+    clear(dataset).append(...all.filter((d) => d.kind === want).map((d) => h("option", { value: d.name, text: d.name })));
+    if (!dataset.options.length) dataset.append(h("option", { value: "", text: "no " + want + " yet: create one under Datasets" }));
+    clear(fields);
+    for (const [key, label, kind, dflt, hint, choices] of SHARE_FIELDS[p]) {
+      if (kind === "check") fields.append(checkbox("opt_" + key, label, dflt));
+      else if (kind === "select") fields.append(...field(label, h("select", { name: "opt_" + key }, choices.map(([v, t]) => h("option", { value: v, text: t, selected: v === dflt })))));
+      else fields.append(...field(label, h("input", { name: "opt_" + key, value: dflt, spellcheck: "false" }), hint));
+    }
+    fields.append(checkbox("opt_readonly", "Read-only", false));
+  };
+  proto.addEventListener("change", drawFields);
   const form = h("form", { class: "stack" },
     ...field("Protocol", proto),
     ...field("Share name", h("input", { name: "name", required: true, spellcheck: "false", autocomplete: "off" }), "What clients see: the SMB share, the NFS export, the S3 bucket or the iSCSI target."),
-    ...field("Dataset", h("select", { name: "dataset" }, names.map((n) => h("option", { value: n, text: n })))),
-    h("label", { for: "share-opts", text: "Options" }), hint,
-    h("textarea", { id: "share-opts", name: "options", rows: 3, spellcheck: "false" }),
+    ...field("Dataset", dataset),
+    fields,
+    ...field("Other options", h("textarea", { name: "options", rows: 2, spellcheck: "false" }), "KEY=VALUE, one a line (see tank share add --help)."),
     h("div", {}, h("button", { type: "submit", class: "primary", text: "Add share" })));
+  drawFields();
   onSubmit(form, async (fd) => {
+    const p = String(fd.get("protocol"));
     const options = {};
+    for (const [key, , kind, dflt] of SHARE_FIELDS[p].concat([["readonly", "", "check", false]])) {
+      if (kind === "check") {
+        const on = fd.get("opt_" + key) === "on";
+        if (on !== dflt) options[key] = on ? "on" : "off";
+      } else {
+        const v = String(fd.get("opt_" + key) || "").trim();
+        if (v && v !== dflt) options[key] = v;
+      }
+    }
     for (const line of String(fd.get("options") || "").split("\n")) {
       const t = line.trim();
       if (!t) continue;
@@ -988,7 +1166,7 @@ async function pageShares(view) {
       if (i < 1) throw new Error("Option '" + t + "' is not KEY=VALUE.");
       options[t.slice(0, i).trim()] = t.slice(i + 1).trim();
     }
-    await api("share_add", { protocol: String(fd.get("protocol")), name: String(fd.get("name") || "").trim(), dataset: String(fd.get("dataset")), options });
+    await api("share_add", { protocol: p, name: String(fd.get("name") || "").trim(), dataset: String(fd.get("dataset")), options });
     toast("Share added.");
     refresh(form);
   });
@@ -1119,20 +1297,56 @@ async function benchCard(view) {
   const names = (ds.datasets || []).filter((d) => d.kind === "filesystem").map((d) => d.name);
   const form = h("form", { class: "stack" },
     ...field("Filesystem", h("select", { name: "dataset" }, names.map((n) => h("option", { value: n, text: n }))), "It must be mounted; the benchmark works in a directory of its own there and removes it after."),
+    ...field("Size", h("input", { name: "size", value: "1G", spellcheck: "false" }), "Bytes the stream phases write and read; twice the RAM keeps the caches out of the figures."),
+    ...field("Name in the history", h("input", { name: "label", spellcheck: "false" }), "Empty: the filesystem's name."),
     h("div", {}, h("button", { type: "submit", class: "primary", text: "Run benchmark" })));
   onSubmit(form, async (fd) => {
-    const r = await api("dataset_bench", { dataset: String(fd.get("dataset")) });
+    const label = String(fd.get("label") || "").trim();
+    const r = await api("dataset_bench", { dataset: String(fd.get("dataset")),
+      params: { size: parseSize(fd.get("size")), label: label || null } });
     toast(r.message || "Benchmark started.");
     refresh(form);
   });
-  const benches = jobs.filter((j) => j.kind === "bench");
+  const benches = jobs.filter((j) => j.kind === "benchmark");
   const card = h("section", { class: "card" }, h("h2", { text: "Benchmark" }), form);
   card.append(jobsTable(benches));
+  card.append(await benchHistory());
   if (benches.some((j) => j.state === "running")) {
     const t = setInterval(() => route(), 2000);
     onLeave(view, () => clearInterval(t));
   }
   return card;
+}
+
+const FIGURES = [
+  ["seq_output_block_mb_s", "Sequential write", "MB/s"], ["rewrite_mb_s", "Rewrite", "MB/s"],
+  ["seq_input_block_mb_s", "Sequential read", "MB/s"], ["random_seeks_per_s", "Random seeks", "/s"],
+  ["seq_create_per_s", "File creates", "/s"], ["seq_stat_per_s", "File stats", "/s"], ["seq_delete_per_s", "File deletes", "/s"],
+  ["tree_copy_in_mb_s", "Tree copy in", "MB/s"], ["tree_copy_out_mb_s", "Tree copy out", "MB/s"], ["tree_delete_files_per_s", "Tree delete", "files/s"],
+];
+
+/** The last runs of the history side by side: a bar per run for each figure, scaled to
+ *  the best run of that figure. */
+async function benchHistory() {
+  const runs = (await api("bench_history", { limit: 6 })).runs.filter((r) => r.summary && r.summary.median);
+  const box = h("div", {}, h("h3", { text: "History" }));
+  if (!runs.length) return add(box, [h("p", { class: "muted", text: "No benchmark has been recorded yet." })]);
+  box.append(h("p", { class: "hint", text: "The last " + runs.length + " runs (medians of each run's repeats); the bar is the share of the best run's figure." }));
+  const rows = [];
+  for (const [key, label, unit] of FIGURES) {
+    const vals = runs.map((r) => Number(r.summary.median[key] || 0));
+    const best = Math.max(...vals, 1e-9);
+    runs.forEach((r, i) => {
+      rows.push(h("tr", {},
+        i === 0 ? h("th", { scope: "rowgroup", rowspan: runs.length, text: label }) : null,
+        h("td", { class: "small", text: r.label + " · " + when(r.time) }),
+        h("td", { class: "num", text: vals[i].toFixed(vals[i] >= 100 ? 0 : 1) + " " + unit }),
+        h("td", { class: "barcell" }, h("div", { class: "bar", role: "img", "aria-label": Math.round(100 * vals[i] / best) + "% of the best" },
+          h("span", { "data-width": Math.round(100 * vals[i] / best) })))));
+    });
+  }
+  box.append(table(["Figure", "Run", { label: "Value", num: true }, ""], rows));
+  return box;
 }
 
 function jobsTable(jobs) {

@@ -715,6 +715,11 @@ impl State {
         self.records
             .values()
             .filter(|r| r.kind != DatasetKind::Snapshot && !except.contains(&r.id))
+            // Without either reservation a dataset holds nothing back (and its used
+            // space, a walk of its subtree, need not be summed).
+            .filter(|r| {
+                self.prop_u64(r.id, "reservation") > 0 || self.prop_u64(r.id, "refreservation") > 0
+            })
             .map(|r| {
                 let u = self.used(r.id);
                 let resv = self.prop_u64(r.id, "reservation");
@@ -1106,7 +1111,14 @@ impl Dsl {
     /// Every property of a dataset with its value (exact) and source.
     pub fn info(&self, id: u64) -> Res<DatasetInfo> {
         let pool = self.pool_name();
-        let avail = self.available(id);
+        // A snapshot shows no available space ("-"): its head's is not worked out.
+        let is_snapshot = self
+            .state
+            .lock()
+            .records
+            .get(&id)
+            .is_some_and(|r| r.kind == DatasetKind::Snapshot);
+        let avail = if is_snapshot { 0 } else { self.available(id) };
         let mounted = self.holds.lock().get(&id).cloned();
         // Only a head with an unfinished receive has a token (and reads its progress item).
         let receiving = self

@@ -409,6 +409,19 @@ pub enum Request {
         remote: String,
         url: String,
     },
+    /// The files of a snapshot, one directory at a time (administrators).
+    SnapshotBrowse {
+        snapshot: String,
+        /// A directory from the snapshot's root (`/`, `docs/2024`); none: the root.
+        #[serde(default)]
+        path: String,
+        /// Where to go on from (a listing's `next`); none: the start.
+        #[serde(default)]
+        cookie: u64,
+        /// Most entries (up to 1,000; default 200).
+        #[serde(default)]
+        limit: Option<usize>,
+    },
     /// `tank bookmark POOL/DS@SNAP POOL/DS#MARK`.
     Bookmark {
         snapshot: String,
@@ -530,6 +543,12 @@ pub enum Request {
         #[serde(default)]
         layout: Option<String>,
     },
+    /// The benchmark history (`DATA_DIR/bench-history.jsonl`): the figures of the last
+    /// `limit` runs (default 50), oldest first, as `tank bench --compare` reads them.
+    BenchHistory {
+        #[serde(default)]
+        limit: Option<usize>,
+    },
     /// The devices the host offers for pools: block devices, and the files of a directory.
     DeviceList {
         /// Absolute; none: the data directory's `devices`.
@@ -615,6 +634,9 @@ pub struct BenchParams {
     /// fdatasync after every write.
     #[serde(default)]
     pub sync: bool,
+    /// The run's name in the benchmark history (default: the dataset's name).
+    #[serde(default)]
+    pub label: Option<String>,
 }
 
 impl Request {
@@ -958,6 +980,11 @@ pub enum Response {
         plan: serde_json::Value,
     },
     Devices(Vec<crate::service::DeviceEntry>),
+    Files(crate::ops_browse::Listing),
+    BenchHistory {
+        #[schema(value_type = Vec<Object>)]
+        runs: Vec<serde_json::Value>,
+    },
     /// A text dump (engine inspection).
     Text {
         text: String,

@@ -35,6 +35,7 @@ pub mod jobs;
 pub mod mounts;
 mod ops_account;
 mod ops_backup;
+pub mod ops_browse;
 mod ops_dataset;
 mod ops_engine;
 mod ops_pool;

@@ -196,13 +196,26 @@ impl Service {
         let stopper = Arc::new(StopOnDestroy(progress.clone()));
         let hold = self.hold(&dataset, "benchmark", stopper)?;
         let job = self.jobs.start(progress.clone());
+        let history = self.data_dir().join(crate::service::BENCH_HISTORY);
+        let label = params.label.clone().unwrap_or_else(|| dataset.clone());
         std::thread::Builder::new()
             .name("tank-bench".into())
             .spawn(move || {
                 let r = runner.run(&dir, &params, &progress);
                 drop(hold);
                 match r {
-                    Ok((summary, figures)) => progress.finish(summary, figures),
+                    Ok((summary, mut figures)) => {
+                        // Into the history, named, for `tank bench --compare` and the
+                        // console's charts; a failure to write it is the job's note.
+                        if let Some(m) = figures.as_object_mut() {
+                            m.insert("label".into(), label.into());
+                        }
+                        let note = match crate::service::append_history(&history, &figures) {
+                            Ok(()) => String::new(),
+                            Err(e) => format!(" (not kept in the history: {e})"),
+                        };
+                        progress.finish(format!("{summary}{note}"), figures)
+                    }
                     Err(why) => progress.end(Err(why)),
                 }
             })

@@ -90,6 +90,21 @@ pub struct Service {
     pub io_history: crate::iohistory::IoRecorder,
 }
 
+/// The benchmark history's file in the data directory, one JSON record a line.
+pub const BENCH_HISTORY: &str = "bench-history.jsonl";
+
+/// Appends one record to a history file (one JSON line, written whole).
+pub fn append_history(path: &Path, record: &serde_json::Value) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut line = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(&line)
+}
+
 /// What `layout_plan` asks of the planner.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanQuery {
@@ -292,6 +307,7 @@ impl Service {
             | R::CacheStats
             | R::ParamList
             | R::PoolIostatHistory { .. }
+            | R::BenchHistory { .. }
             | R::LayoutPlan { .. } => Access::Read,
             R::UserPasswd { name, .. } => Access::Account(name.clone()),
             R::KeyAdd { user } | R::TokenAdd { user } => Access::Account(user.clone()),
@@ -441,6 +457,36 @@ impl Service {
                     .map_err(ServiceError::Invalid)
             }
             R::DeviceList { dir } => self.device_list(dir).map(Response::Devices),
+            R::BenchHistory { limit } => {
+                let path = self.data_dir.join(BENCH_HISTORY);
+                let text = match std::fs::read_to_string(&path) {
+                    Ok(t) => t,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                    Err(e) => {
+                        return Err(ServiceError::Failed(format!(
+                            "cannot read {}: {e}",
+                            path.display()
+                        )))
+                    }
+                };
+                // A line cut by a crash mid-append is skipped, not fatal.
+                let all: Vec<serde_json::Value> = text
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect();
+                let keep = limit.unwrap_or(50).min(all.len());
+                Ok(Response::BenchHistory {
+                    runs: all[all.len() - keep..].to_vec(),
+                })
+            }
+            R::SnapshotBrowse {
+                snapshot,
+                path,
+                cookie,
+                limit,
+            } => self
+                .snapshot_browse(ctx, &snapshot, &path, cookie, limit.unwrap_or(200))
+                .map(Response::Files),
             R::JobList => Ok(Response::Jobs(self.jobs.list(self))),
             R::JobGet { id } => self
                 .jobs

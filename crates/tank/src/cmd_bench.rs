@@ -6,8 +6,9 @@
 //! dataset's mount in the background and answers at once with a job. The command then
 //! follows the job (`job_get`), printing its phase, bytes moved, rate and time left every
 //! few seconds; Ctrl-C asks the service to cancel it (`job_cancel`) and waits for it to stop
-//! and clean up. When the job finishes, its figures are added to the benchmark history
-//! and printed as `tank bench PATH` prints them. A command that ends otherwise (killed, its
+//! and clean up. When the job finishes, the daemon has added its figures to the benchmark
+//! history (`DATA_DIR/bench-history.jsonl`, named by `--label` or the dataset), and they are
+//! printed as `tank bench PATH` prints them. A command that ends otherwise (killed, its
 //! connection lost) leaves the job running: `job_get` and `job_cancel` still reach it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tank_bench::run::fs::{print_record, record, FsBenchArgs, HistoryEntry};
+use tank_bench::run::fs::{print_record, FsBenchArgs, HistoryEntry};
 use tank_service::api::{Job, Request, Response};
 
 use crate::client::{unexpected, Client};
@@ -48,13 +49,12 @@ pub fn dataset(a: FsBenchArgs) -> Result<()> {
     let job = follow(&c, id, &stop)?;
     match job.state.as_str() {
         "finished" => {
-            let mut entry: HistoryEntry = serde_json::from_value(
+            // The daemon has added the run to its history (with the label given).
+            let entry: HistoryEntry = serde_json::from_value(
                 job.result
                     .context("the finished benchmark job has no figures")?,
             )
             .context("the benchmark job's figures are not in a known form")?;
-            entry.label = a.label.clone().unwrap_or_else(|| name.clone());
-            record(&entry)?;
             print_record(&entry, a.json)
         }
         "canceled" => bail!("benchmark of '{name}' (job {id}) {}", job.detail),

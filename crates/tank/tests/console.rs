@@ -73,6 +73,8 @@ fn the_console_runs_the_nas_in_a_real_browser() {
         "pool 'vault' created",
         "shows it as text",
         "rolled back to @one",
+        "snapshot's files are browsed",
+        "snapshot schedule is set",
         "share 'docs'",
         "user 'bob' added",
         "progress bar moved",

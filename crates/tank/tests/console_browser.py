@@ -171,6 +171,10 @@ def main():
         assert os.path.ismount(mountpoint), f"{mountpoint} is not mounted"
 
         # ---- A snapshot, a change, and a rollback.
+        with open(os.path.join(mountpoint, "before.txt"), "w") as f:
+            f.write("written before @one\n")
+            f.flush()
+            os.fsync(f.fileno())
         page.fill("#snap-name", "one")
         page.click("button:has-text('Take snapshot')")
         expect(page.locator("main td.mono", has_text="@one")).to_be_visible()
@@ -193,6 +197,16 @@ def main():
             time.sleep(0.2)
         assert not os.path.exists(os.path.join(mountpoint, "after.txt")), "the rollback left after.txt"
         step("rolled back to @one after typing its name: after.txt is gone from " + mountpoint)
+        page.click("main a:has-text('Browse')")
+        expect(page.locator("main h1")).to_have_text("vault/docs@one:/")
+        expect(page.locator("main td", has_text="before.txt")).to_be_visible()
+        step("the snapshot's files are browsed: " + " ".join(page.locator("main tbody tr").all_inner_texts()).replace("\t", " "))
+        page.goto(URL + "/#/datasets/vault/docs")
+        page.fill("input[name=hourly]", "3")
+        page.fill("input[name=daily]", "7")
+        page.click("button:has-text('Save schedule')")
+        done_or_error(page, page.locator("main p", has_text="Kept now:"))
+        step("a snapshot schedule is set: " + page.locator("main p", has_text="Kept now:").inner_text())
         shot(page, "dataset")
         check_problems("dataset")
 
@@ -202,12 +216,14 @@ def main():
         page.select_option("select[name=protocol]", "smb")
         page.fill("input[name=name]", "docs")
         page.select_option("select[name=dataset]", "vault/docs")
-        page.fill("textarea[name=options]", "timemachine=off")
+        page.check("input[name=opt_timemachine]")
+        page.fill("input[name=opt_timemachine_quota]", "2G")
         page.click("button:has-text('Add share')")
         row = page.locator("main tr", has_text="vault/docs")
         done_or_error(page, row)
-        expect(row).to_contain_text("docs")
-        step("SMB share 'docs' of vault/docs added: " + row.inner_text().replace("\t", " | "))
+        expect(row).to_contain_text("timemachine=on")
+        expect(row).to_contain_text("timemachine_quota=2147483648")
+        step("SMB share 'docs' of vault/docs added with Time Machine through its wizard: " + row.inner_text().replace("\t", " | "))
         check_problems("share")
 
         # ---- A user.

@@ -95,6 +95,7 @@ impl FsBenchArgs {
             files: Some(u32::try_from(self.files).context("too many files")?),
             tree_files: Some(u32::try_from(self.tree_files).context("too many tree files")?),
             sync: self.sync,
+            label: self.label.clone(),
         })
     }
 }
