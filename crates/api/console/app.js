@@ -247,6 +247,7 @@ async function act(button, fn, confirm) {
   try {
     const r = await fn();
     if (r && r.message) toast(r.message);
+    watchHealth();
     refresh(button);
   } catch (e) {
     button.after(errorBox(e));
@@ -352,6 +353,11 @@ async function pageDashboard(view) {
   onLeave(view, () => clearInterval(timer));
   // A pool event (an error, a state change, a scrub's start or end) shows at once.
   liveCharts(view, charts, () => draw().catch(() => {}));
+}
+
+/** Keeps the banner true on every page: the pools' health now, and every 10 s. */
+function watchHealth() {
+  api("pool_status", {}, { background: true }).then(banner).catch(() => {});
 }
 
 /** The red line over every page while a pool is not healthy. */
@@ -809,7 +815,20 @@ async function pagePool(view, name) {
   }
   view.append(h("section", { class: "card" }, h("h2", { text: "Devices" }), vdevTable(r, true), addVdevForm(name)));
   view.append(h("section", { class: "card" }, h("h2", { text: "Properties" }),
-    table(["Property", "Value", "Source"], props.map((p) => h("tr", {}, h("td", { class: "mono", text: p.property }), h("td", { class: "mono", text: p.value }), h("td", { class: "muted", text: p.source }))))));
+    table(["Property", "Value", "Source", ""], props.map((p) => {
+      const value = h("td", { class: "mono", text: /^(size|allocated|free)$/.test(p.property) ? size(Number(p.value)) : p.value, title: p.value });
+      const cell = h("td");
+      // Properties with a source are settable (ashift only at creation).
+      if (p.source !== "-" && p.property !== "ashift") {
+        const edit = h("button", { type: "button", class: "link", text: "edit", "aria-label": "edit " + p.property });
+        edit.addEventListener("click", () => act(edit, async () => {
+          const v = await askText({ title: "Set " + p.property + " of " + name, label: p.property, value: p.value, verb: "Set" });
+          return v === null ? null : api("pool_set", { name, property: p.property, value: v });
+        }));
+        cell.append(edit);
+      }
+      return h("tr", {}, h("td", { class: "mono", text: p.property }), value, h("td", { class: "muted", text: p.source }), cell);
+    }))));
   const danger = h("section", { class: "card" }, h("h2", { text: "Export or destroy" }));
   const exp = h("button", { type: "button", text: "Export " + name });
   exp.addEventListener("click", () => act(exp, async () => { const x = await api("pool_export", { name }); location.hash = "#/pools"; return x; },
@@ -990,7 +1009,7 @@ function snapshotsCard(ds, snaps) {
         acts.append(br);
         const del = h("button", { type: "button", class: "danger", text: "Destroy", "aria-label": "Destroy " + s.name });
         del.addEventListener("click", () => act(del, () => api("dataset_destroy", { name: s.name }),
-          () => confirmAction({ title: "Destroy " + s.name + "?", lose: "The snapshot's copy of the files is lost; the live dataset is unchanged.", verb: "Destroy", danger: true })));
+          () => confirmAction({ title: "Destroy " + s.name + "?", lose: "The snapshot's copy of the files is lost (and the space only it holds is freed); the live dataset is unchanged.", typed: short.slice(1), verb: "Destroy", danger: true })));
         acts.append(rb, cl, del);
       }
       return h("tr", {}, h("td", { class: "mono", text: short }), h("td", { text: when(Number(prop(s, "creation"))) }),
@@ -1207,7 +1226,23 @@ async function pageUsers(view) {
     h("button", { type: "submit", text: "Add group" }));
   onSubmit(gform, async (fd) => { await api("group_add", { name: String(fd.get("name") || "").trim() }); refresh(gform); });
   view.append(h("section", { class: "card" }, h("h2", { text: "Groups" }),
-    groups.length ? table(["Name", { label: "GID", num: true }, "Members"], groups.map((g) => h("tr", {}, h("td", { text: g.name }), h("td", { class: "num", text: g.gid }), h("td", { text: (g.members || []).join(", ") }))))
+    groups.length ? table(["Name", { label: "GID", num: true }, "Members", ""], groups.map((g) => {
+      const members = h("td");
+      for (const m of g.members || []) {
+        const rm = h("button", { type: "button", class: "link", text: "remove", "aria-label": "remove " + m + " from " + g.name });
+        rm.addEventListener("click", () => act(rm, () => api("group_member", { group: g.name, user: m, add: false })));
+        members.append(h("span", { class: "member" }, m + " ", rm), " ");
+      }
+      const others = users.filter((u) => !(g.members || []).includes(u.name));
+      const pick = h("select", { "aria-label": "user to add to " + g.name }, others.map((u) => h("option", { value: u.name, text: u.name })));
+      const addBtn = h("button", { type: "button", text: "Add member", disabled: !others.length });
+      addBtn.addEventListener("click", () => act(addBtn, () => api("group_member", { group: g.name, user: pick.value, add: true })));
+      const del = h("button", { type: "button", class: "danger", text: "Remove group", "aria-label": "remove group " + g.name });
+      del.addEventListener("click", () => act(del, () => api("group_remove", { name: g.name }),
+        () => confirmAction({ title: "Remove the group " + g.name + "?", lose: "Shares that allow it stop allowing its members (unless they are named themselves).", verb: "Remove", danger: true })));
+      return h("tr", {}, h("td", { text: g.name }), h("td", { class: "num", text: g.gid }), members,
+        h("td", { class: "row" }, pick, addBtn, del));
+    }))
       : h("p", { class: "muted", text: "No groups." }), gform));
 }
 
@@ -1382,5 +1417,7 @@ window.addEventListener("hashchange", () => { route(); main.focus(); });
   }
   document.getElementById("who").textContent = me.caller + (me.admin ? " (administrator)" : "");
   if (!me.admin) for (const a of document.querySelectorAll("nav a[data-admin]")) a.remove();
+  watchHealth();
+  setInterval(watchHealth, 10000);
   await route();
 })();

@@ -304,6 +304,24 @@ mod tests {
     }
 
     #[test]
+    fn a_pages_own_refreshes_do_not_keep_a_session_alive() {
+        let a = Auth::with_limits(Duration::from_millis(300), Duration::from_secs(60));
+        let (id, _) = a.login("alice");
+        std::thread::sleep(Duration::from_millis(150));
+        // A refresh is answered, but does not count as use.
+        assert!(a.session(&id, false).is_ok());
+        std::thread::sleep(Duration::from_millis(200));
+        let e = a.session(&id, false).unwrap_err();
+        assert!(e.to_string().contains("expired"), "{e}");
+        // A person's request does count.
+        let (id, _) = a.login("alice");
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(a.session(&id, true).is_ok());
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(a.session(&id, false).is_ok());
+    }
+
+    #[test]
     fn sessions_end_at_logout() {
         let a = Auth::default();
         let (id, csrf) = a.login("alice");

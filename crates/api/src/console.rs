@@ -76,6 +76,16 @@ const ASSETS: &[Asset] = &[
 const SHELL: &str = include_str!("../console/index.html");
 const LOGIN: &str = include_str!("../console/login.html");
 
+/// Every answer of the listener (the API's JSON too) carries the console's headers: a
+/// browser that is shown an API answer runs nothing, frames nothing, sniffs nothing.
+pub async fn harden(r: Response) -> Response {
+    if r.headers().contains_key(header::CONTENT_SECURITY_POLICY) {
+        r
+    } else {
+        secure(r)
+    }
+}
+
 /// The headers every console response carries.
 fn secure(mut r: Response) -> Response {
     let h = r.headers_mut();
@@ -193,6 +203,85 @@ mod tests {
             }
         }
         assert!(SHELL.contains("{{csrf}}"));
+    }
+
+    /// The router's answers for the console's routes, without a network.
+    fn get(
+        st: &crate::routes::St,
+        path: &str,
+        cookie: Option<&str>,
+    ) -> (StatusCode, HeaderMap, Vec<u8>) {
+        use tower::ServiceExt;
+        let app = crate::router(st.clone());
+        let mut req = axum::http::Request::get(path);
+        if let Some(c) = cookie {
+            req = req.header(header::COOKIE, c);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let r = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+            let (parts, body) = r.into_parts();
+            let bytes = axum::body::to_bytes(body, 1 << 24).await.unwrap();
+            (parts.status, parts.headers, bytes.to_vec())
+        })
+    }
+
+    #[test]
+    fn the_shell_needs_a_session_and_every_answer_carries_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = std::sync::Arc::new(tank_service::Service::new(
+            dir.path(),
+            tank_service::service::Mode::Command,
+        ));
+        let st = crate::state(svc, false);
+        // No session: to the login page.
+        let (status, h, _) = get(&st, "/", None);
+        assert_eq!(status, StatusCode::SEE_OTHER);
+        assert_eq!(h[header::LOCATION], "/login");
+        let (status, _, _) = get(&st, "/", Some("tank_session=0123"));
+        assert_eq!(status, StatusCode::SEE_OTHER);
+        // A session: the shell, with its CSRF token and no caching.
+        let (id, csrf) = st.auth.login("alice");
+        let (status, h, body) = get(&st, "/", Some(&format!("tank_session={id}")));
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(h[header::CACHE_CONTROL], "no-store");
+        let page = String::from_utf8(body).unwrap();
+        assert!(page.contains(&format!("content=\"{csrf}\"")), "{page}");
+        assert!(!page.contains("{{csrf}}"));
+        for (path, want) in [
+            ("/login", StatusCode::OK),
+            ("/console/app.js", StatusCode::OK),
+            ("/console/uPlot.iife.min.js", StatusCode::OK),
+            ("/console/../Cargo.toml", StatusCode::NOT_FOUND),
+            ("/console/nosuch.js", StatusCode::NOT_FOUND),
+        ] {
+            let (status, h, _) = get(&st, path, None);
+            assert_eq!(status, want, "{path}");
+            assert_eq!(h[header::CONTENT_SECURITY_POLICY], CSP, "{path}");
+            assert_eq!(h[header::X_FRAME_OPTIONS], "DENY", "{path}");
+            assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{path}");
+        }
+        assert!(CSP.contains("frame-ancestors 'none'") && !CSP.contains("unsafe"));
+        // An asset is revalidated by its tag.
+        let (_, h, _) = get(&st, "/console/app.js", None);
+        let tag = h[header::ETAG].to_str().unwrap().to_string();
+        let app = crate::router(st.clone());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let status = rt.block_on(async move {
+            use tower::ServiceExt;
+            let req = axum::http::Request::get("/console/app.js")
+                .header(header::IF_NONE_MATCH, tag)
+                .body(Body::empty())
+                .unwrap();
+            app.oneshot(req).await.unwrap().status()
+        });
+        assert_eq!(status, StatusCode::NOT_MODIFIED);
     }
 
     #[test]

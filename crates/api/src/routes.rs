@@ -465,6 +465,7 @@ pub fn router(st: St) -> Router {
         )
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::map_response(crate::console::harden))
         .layer(Extension(st))
 }
 

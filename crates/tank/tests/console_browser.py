@@ -148,6 +148,25 @@ def main():
         step("pool 'vault' created through the wizard, raidz2 of the 4 devices")
         check_problems("pool")
 
+        # ---- A device offline: the pool is DEGRADED, and every page says so; online again.
+        expect(page.locator("#banner")).to_be_hidden()
+        page.click("button[aria-label='Offline " + DEVDIR + "/d1']")
+        page.locator("dialog[open] button.primary").click()
+        banner = page.locator("#banner")
+        expect(banner).to_contain_text("Pool vault is DEGRADED")
+        page.goto(URL + "/#/dashboard")
+        expect(page.locator("section.card.bad h2", has_text="vault")).to_be_visible()
+        step("a device taken offline through the console: the red banner says '" + banner.inner_text().strip() + "'")
+        shot(page, "degraded")
+        page.goto(URL + "/#/pools/vault")
+        page.click("button[aria-label='Online " + DEVDIR + "/d1']")
+        expect(page.locator("button[aria-label='Offline " + DEVDIR + "/d1']")).to_be_visible()
+        page.goto(URL + "/#/dashboard")
+        expect(page.locator("section.card h2", has_text="vault")).to_contain_text("ONLINE", timeout=30000)
+        expect(banner).to_be_hidden(timeout=30000)
+        step("online again: the pool is ONLINE and the banner gone")
+        check_problems("degraded")
+
         # ---- A dataset; a name with markup is refused and shown as text.
         page.goto(URL + "/#/datasets")
         expect(page.locator("main h1")).to_have_text("Datasets")
@@ -277,7 +296,15 @@ def main():
         page.click("#logout")
         expect(page).to_have_url(re.compile(r"/login\?why=out$"))
         expect(page.locator("#reason")).to_contain_text("logged out")
-        login(page, USER, USER_PW)
+        # The keyboard alone: the user field has the focus; Tab to the password; Enter.
+        page.goto(URL + "/")
+        expect(page).to_have_url(re.compile(r"/login$"))
+        page.keyboard.type(USER)
+        page.keyboard.press("Tab")
+        page.keyboard.type(USER_PW)
+        page.keyboard.press("Enter")
+        expect(page.locator("main h1")).to_have_text("Dashboard", timeout=20000)
+        step("bob logged in with the keyboard alone")
         nav = page.locator("nav").inner_text()
         assert "Pools" not in nav and "Users" not in nav, nav
         expect(page.locator("main h2", has_text="vault")).to_be_visible()
