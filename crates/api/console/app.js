@@ -115,6 +115,8 @@ function toast(msg) {
   const t = document.getElementById("toast");
   const p = h("p", { text: msg });
   t.append(p);
+  // The newest three at most.
+  while (t.children.length > 3) t.firstElementChild.remove();
   setTimeout(() => p.remove(), 6000);
 }
 

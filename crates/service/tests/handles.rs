@@ -528,7 +528,15 @@ fn a_benchmark_is_a_job_that_holds_its_dataset_and_can_be_canceled() {
         "{j:?}"
     );
     assert_eq!((j.done_bytes, j.total_bytes), (8 << 20, 8 << 20), "{j:?}");
-    assert_eq!(j.result, Some(serde_json::json!({ "bytes": 8 << 20 })));
+    // Named by the dataset, and kept in the benchmark history.
+    assert_eq!(
+        j.result,
+        Some(serde_json::json!({ "bytes": 8 << 20, "label": "p/fs" }))
+    );
+    let Response::BenchHistory { runs } = ok(&svc, Request::BenchHistory { limit: None }) else {
+        panic!()
+    };
+    assert_eq!(runs, vec![j.result.clone().unwrap()]);
     let e = svc
         .handle(&admin(), Request::JobCancel { id: job }, None)
         .0
