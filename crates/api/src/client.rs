@@ -23,6 +23,31 @@ const MAX_RESPONSE: usize = 64 << 20;
 
 type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
+/// A request's line and headers, ended by the empty line.
+fn request_head(method: &str, path: &str, len: Option<usize>, headers: &[(&str, &str)]) -> String {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n");
+    if let Some(n) = len {
+        head.push_str(&format!("Content-Length: {n}\r\n"));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
+/// Reads a response's status line; its code.
+fn status_line(c: &mut impl BufRead) -> Result<u16> {
+    let mut line = String::new();
+    if c.read_line(&mut line)? == 0 {
+        bail!("the server closed the connection");
+    }
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("not an HTTP status line: {line:?}"))
+}
+
 /// A response: its status, its headers (lowercase names) and its body.
 pub type Answer = (u16, Vec<(String, String)>, Vec<u8>);
 
@@ -115,23 +140,14 @@ impl HttpsClient {
         path: &str,
         headers: &[(&str, &str)],
     ) -> Result<(u16, Box<dyn BufRead + Send>)> {
-        let mut head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n");
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        head.push_str("\r\n");
+        let head = request_head("GET", path, None, headers);
         self.conn = None;
         self.connect()?;
         let mut c = self.conn.take().expect("connected");
         c.get_mut().write_all(head.as_bytes())?;
         c.get_mut().flush()?;
+        let status = status_line(&mut c)?;
         let mut line = String::new();
-        c.read_line(&mut line)?;
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .with_context(|| format!("not an HTTP status line: {line:?}"))?;
         loop {
             line.clear();
             if c.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
@@ -148,28 +164,14 @@ impl HttpsClient {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<Answer> {
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        head.push_str("\r\n");
+        let head = request_head(method, path, Some(body.len()), headers);
         let c = self.connect()?;
         let s = c.get_mut();
         s.write_all(head.as_bytes())?;
         s.write_all(body)?;
         s.flush()?;
+        let status = status_line(c)?;
         let mut line = String::new();
-        if c.read_line(&mut line)? == 0 {
-            bail!("the server closed the connection");
-        }
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .with_context(|| format!("not an HTTP status line: {line:?}"))?;
         let mut len = None;
         let mut close = false;
         let mut got = Vec::new();
