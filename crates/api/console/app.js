@@ -1108,7 +1108,7 @@ const SHARE_FIELDS = {
     ["anongid", "Anonymous gid", "text", "65534"],
   ],
   s3: [
-    ["users", "Users allowed", "text", "", "comma-separated; empty: every account with a key"],
+    ["users", "Users allowed", "text", "", "comma-separated; empty: administrators only (and anyone, if anonymous access is on)"],
     ["groups", "Groups allowed", "text", "", "comma-separated"],
     ["versioning", "Versioning", "select", "off", "", [["off", "off"], ["enabled", "enabled"], ["suspended", "suspended"]]],
     ["object_lock", "Object Lock (WORM retention; turns versioning on)", "check", false],
@@ -1315,44 +1315,90 @@ async function pageTools(view) {
     ...field("Workload", h("select", { name: "workload" }, [["mixed", "mixed"], ["seq", "streams (media, backups)"], ["random", "random (VMs, databases)"]].map(([v, t]) => h("option", { value: v, text: t })))),
     h("div", {}, h("button", { type: "submit", class: "primary", text: "Rank layouts" })));
   const out = h("div", { "aria-live": "polite" });
+  const bench = await benchCard(view);
   onSubmit(form, async (fd) => {
     const r = (await api("layout_plan", { disks: parseInt(fd.get("disks"), 10), disk_bytes: parseSize(fd.get("size")), disk_type: String(fd.get("type")), workload: String(fd.get("workload")) })).plan;
     clear(out).append(h("p", {}, h("b", { text: "Recommended: " + r.recommended }), " — " + r.reason),
-      table(["Layout", { label: "Usable", num: true }, "Survives", "MTTDL", "Resilver", "Seq read", "Seq write", { label: "Random read IOPS", num: true }],
-        r.layouts.map((a) => h("tr", { class: a.name === r.recommended ? "best" : null },
-          h("td", { class: "mono", text: a.name }), h("td", { class: "num", text: size(a.usable_bytes) }),
-          h("td", { text: a.failures_tolerated }), h("td", { text: years(a.mttdl_years) }), h("td", { text: a.resilver_hours.toFixed(1) + " h" }),
-          h("td", { text: rate(a.seq_read_bytes_per_s) }), h("td", { text: rate(a.seq_write_bytes_per_s) }), h("td", { class: "num", text: Math.round(a.random_read_iops) })))));
+      table(["Layout", { label: "Usable", num: true }, "Survives", "MTTDL", "Resilver", "Seq read", "Seq write", { label: "Random read IOPS", num: true }, ""],
+        r.layouts.map((a) => {
+          // Measure it: the benchmark form below, set to this layout as an emulated build.
+          const measure = h("button", { type: "button", text: "Measure", "aria-label": "Measure " + a.name + " as an emulated build" });
+          measure.addEventListener("click", () => bench.measure(a.emulate));
+          return h("tr", { class: a.name === r.recommended ? "best" : null },
+            h("td", { class: "mono", text: a.name }), h("td", { class: "num", text: size(a.usable_bytes) }),
+            h("td", { text: a.failures_tolerated }), h("td", { text: years(a.mttdl_years) }), h("td", { text: a.resilver_hours.toFixed(1) + " h" }),
+            h("td", { text: rate(a.seq_read_bytes_per_s) }), h("td", { text: rate(a.seq_write_bytes_per_s) }), h("td", { class: "num", text: Math.round(a.random_read_iops) }),
+            h("td", {}, measure));
+        })));
   });
   view.append(h("section", { class: "card" }, h("h2", { text: "Layouts for your disks" }), form, out));
-  view.append(await benchCard(view));
+  view.append(bench.card);
 }
 
-/** The benchmark: runs on a mounted filesystem as a job; its progress and figures. */
+/** The benchmark: runs on a mounted filesystem, or on an emulated build the daemon makes
+ *  and removes, as a job; its progress and figures. Returns the card, and `measure(build)`
+ *  that sets the form to an emulated build. */
 async function benchCard(view) {
   const [ds, jobs] = await Promise.all([api("dataset_list", { recursive: true, types: ["filesystem", "volume"] }), api("job_list", {})]);
   const names = (ds.datasets || []).filter((d) => d.kind === "filesystem").map((d) => d.name);
+  const target = h("select", { name: "target" }, [["dataset", "a filesystem of a pool"], ["emulated", "an emulated build"]].map(([v, t]) => h("option", { value: v, text: t })));
+  const dsField = h("div", { class: "stack" }, ...field("Filesystem", h("select", { name: "dataset" }, names.map((n) => h("option", { value: n, text: n }))), "It must be mounted; the benchmark works in a directory of its own there and removes it after."));
+  const buildInput = h("input", { name: "build", value: "7x hdd raidz2 + ssd log + ssd cache", spellcheck: "false" });
+  const buildField = h("div", { class: "stack", hidden: true }, ...field("Build", buildInput,
+    "Disks of a profile (hdd, ssd, nvme; overrides such as hdd:bw=200M) and a layout, then + log, cache or spare devices, as tank bench --emulate takes. The daemon makes its devices as sparse files in its data directory, paced to the profiles, and removes them after."));
+  const sizeInput = h("input", { name: "size", value: "1G", spellcheck: "false" });
+  const show = () => {
+    const emulated = target.value === "emulated";
+    dsField.hidden = emulated;
+    buildField.hidden = !emulated;
+  };
+  target.addEventListener("change", show);
   const form = h("form", { class: "stack" },
-    ...field("Filesystem", h("select", { name: "dataset" }, names.map((n) => h("option", { value: n, text: n }))), "It must be mounted; the benchmark works in a directory of its own there and removes it after."),
-    ...field("Size", h("input", { name: "size", value: "1G", spellcheck: "false" }), "Bytes the stream phases write and read; twice the RAM keeps the caches out of the figures."),
-    ...field("Name in the history", h("input", { name: "label", spellcheck: "false" }), "Empty: the filesystem's name."),
+    ...field("Measure", target), dsField, buildField,
+    ...field("Size", sizeInput, "Bytes the stream phases write and read; on a filesystem, twice the RAM keeps the caches out of the figures (an emulated build caches metadata only)."),
+    ...field("Runs", h("input", { name: "runs", type: "number", min: 1, max: 100, value: 3 }), "The figures are their median."),
+    ...field("Small files", h("input", { name: "files", type: "number", min: 1, value: 16384 }), "Files the create, stat and delete phases make (16,384 as bonnie++)."),
+    ...field("Tree files", h("input", { name: "tree_files", type: "number", min: 1, value: 2000 }), "Files of the tree copied in and out."),
+    ...field("Name in the history", h("input", { name: "label", spellcheck: "false" }), "Empty: the filesystem's name, or the build."),
     h("div", {}, h("button", { type: "submit", class: "primary", text: "Run benchmark" })));
+  // The jobs and the history are redrawn in place (the form keeps what was typed): every
+  // two seconds while a benchmark runs, and the history when one ends.
+  const jobsBox = h("div", { "aria-live": "polite" });
+  const historyBox = h("div");
+  let timer = null;
+  const drawJobs = async (list) => {
+    const benches = (list || await api("job_list", {}, { background: true })).filter((j) => j.kind === "benchmark");
+    const live = benches.some((j) => j.state === "running" || j.state === "canceling");
+    clear(jobsBox).append(jobsTable(benches, () => drawJobs()));
+    if (live && !timer) timer = setInterval(() => drawJobs().catch((e) => clear(jobsBox).append(errorBox(e))), 2000);
+    if (!live && timer) {
+      clearInterval(timer);
+      timer = null;
+      clear(historyBox).append(await benchHistory());
+    }
+  };
+  onLeave(view, () => timer && clearInterval(timer));
   onSubmit(form, async (fd) => {
     const label = String(fd.get("label") || "").trim();
-    const r = await api("dataset_bench", { dataset: String(fd.get("dataset")),
-      params: { size: parseSize(fd.get("size")), label: label || null } });
+    const int = (k) => parseInt(fd.get(k), 10) || null;
+    const params = { size: parseSize(fd.get("size")), runs: int("runs"), files: int("files"), tree_files: int("tree_files"), label: label || null };
+    const r = target.value === "emulated"
+      ? await api("emulated_bench", { build: String(fd.get("build") || "").trim(), params })
+      : await api("dataset_bench", { dataset: String(fd.get("dataset")), params });
     toast(r.message || "Benchmark started.");
-    refresh(form);
+    await drawJobs();
   });
-  const benches = jobs.filter((j) => j.kind === "benchmark");
-  const card = h("section", { class: "card" }, h("h2", { text: "Benchmark" }), form);
-  card.append(jobsTable(benches));
-  card.append(await benchHistory());
-  if (benches.some((j) => j.state === "running")) {
-    const t = setInterval(() => route(), 2000);
-    onLeave(view, () => clearInterval(t));
-  }
-  return card;
+  const card = h("section", { class: "card" }, h("h2", { text: "Benchmark" }), form, jobsBox, historyBox);
+  historyBox.append(await benchHistory());
+  await drawJobs(jobs);
+  const measure = (build) => {
+    target.value = "emulated";
+    buildInput.value = build;
+    show();
+    card.scrollIntoView({ block: "start" });
+    buildInput.focus();
+  };
+  return { card, measure };
 }
 
 const FIGURES = [
@@ -1386,14 +1432,30 @@ async function benchHistory() {
   return box;
 }
 
-function jobsTable(jobs) {
+/** Jobs with a progress bar while they run, and a Cancel button; `changed` after a cancel. */
+function jobsTable(jobs, changed) {
   if (!jobs.length) return h("p", { class: "muted", text: "No runs yet." });
-  return table(["Job", "Target", "State", "Progress", "Started", "Result"], jobs.slice().reverse().map((j) => {
+  return table(["Job", "Target", "State", "Progress", "Started", "Result", ""], jobs.slice().reverse().map((j) => {
     const p = pct(j.done_bytes, j.total_bytes);
+    const cell = h("td");
+    if (j.state === "running") {
+      const stop = h("button", { type: "button", class: "danger", text: "Cancel", "aria-label": "Cancel job " + j.id });
+      stop.addEventListener("click", async () => {
+        stop.disabled = true;
+        try {
+          await api("job_cancel", { id: j.id });
+          if (changed) await changed();
+        } catch (e) {
+          stop.after(errorBox(e));
+          stop.disabled = false;
+        }
+      });
+      cell.append(stop);
+    }
     return h("tr", {}, h("td", { text: j.id }), h("td", { class: "mono", text: j.target }), h("td", { text: j.state }),
-      h("td", {}, j.state === "running" ? [h("progress", { max: 100, value: p.toFixed(1), "aria-label": "job " + j.id }),
+      h("td", {}, j.state === "running" ? [h("progress", { max: 100, value: p.toFixed(1), class: "job-progress", "aria-label": "job " + j.id }),
         h("span", { class: "small", text: " " + p.toFixed(0) + "%" + (j.rate ? ", " + rate(j.rate) : "") + (j.eta_secs != null ? ", " + duration(j.eta_secs) + " left" : "") })] : ""),
-      h("td", { text: when(j.started) }), h("td", { class: "small", text: j.detail }));
+      h("td", { text: when(j.started) }), h("td", { class: "small", text: j.detail }), cell);
   }));
 }
 

@@ -160,6 +160,26 @@ impl Layout {
     }
 
     /// The layout's vdev type in the zpool grammar.
+    /// This layout as an emulated build of `profile` disks (`tank bench --emulate`'s
+    /// grammar): `7x hdd 1x7 raidz2 + 1x hdd spare`.
+    pub fn emulate_spec(&self, profile: &str) -> String {
+        let n = self.width * self.vdevs;
+        let body = match self.vdev {
+            VdevType::Stripe => format!("{n}x {profile}"),
+            _ => format!(
+                "{n}x {profile} {}x{} {}",
+                self.vdevs,
+                self.width,
+                self.kind()
+            ),
+        };
+        if self.spares > 0 {
+            format!("{body} + {}x {profile} spare", self.spares)
+        } else {
+            body
+        }
+    }
+
     pub fn kind(&self) -> String {
         match self.vdev {
             VdevType::Stripe => "stripe".into(),
@@ -561,6 +581,25 @@ pub fn validate_input(input: &PlanInput) -> Result<(), BenchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_layout_is_an_emulated_build_of_its_disks() {
+        for disks in 1..=12 {
+            for l in enumerate(disks) {
+                let spec = l.emulate_spec("hdd:cap=1000000000000");
+                let b = crate::emulate::EmulatedBuild::parse(&spec)
+                    .unwrap_or_else(|e| panic!("{}: '{spec}': {e}", l.describe()));
+                assert_eq!(b.count, l.width * l.vdevs, "{spec}");
+                assert_eq!(b.layout, l.kind(), "{spec}");
+                assert_eq!(b.profile.capacity, 1_000_000_000_000, "{spec}");
+                if !matches!(l.vdev, VdevType::Stripe) {
+                    assert_eq!(b.width, l.width, "{spec}");
+                }
+                let spares: usize = b.extra.iter().map(|(_, n, _)| n).sum();
+                assert_eq!(spares, l.spares, "{spec}");
+            }
+        }
+    }
 
     #[test]
     fn layouts_parse_as_plan_names_them() {

@@ -137,7 +137,9 @@ pub struct PoolSpace {
     pub allocated: u64,
     pub free: u64,
     pub deferred: u64,
-    /// Capacity for data, parity excluded.
+    /// What the datasets can hold, as `zfs list` shows the root's USED + AVAIL: the data
+    /// vdevs' capacity (parity and RAID-Z padding deflated as for a 128 KiB block) less the
+    /// 1/32 kept back for metadata. `tank plan` predicts the same figure.
     pub usable: u64,
     /// Free-space fragmentation in percent (zpool's FRAG); 0 when nothing is free.
     #[serde(default)]
@@ -2439,7 +2441,8 @@ impl Pool {
         Ok(())
     }
 
-    /// Size, free bytes and usable (parity-deflated) size, without the costlier figures of
+    /// Size, free bytes and the data vdevs' capacity (parity-deflated; the slop not taken
+    /// out, unlike [`Pool::space`]'s `usable`), without the costlier figures of
     /// [`Pool::space`] (deferred frees, fragmentation): what a check before each write
     /// needs.
     pub fn free_space(&self) -> (u64, u64, u64) {
@@ -2464,7 +2467,7 @@ impl Pool {
             allocated: size - free,
             free,
             deferred: a.deferred_bytes(),
-            usable,
+            usable: usable - usable / 32,
             fragmentation: a.fragmentation().unwrap_or(0),
         }
     }

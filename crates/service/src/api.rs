@@ -277,6 +277,16 @@ pub enum Request {
         #[serde(default)]
         params: BenchParams,
     },
+    /// Benchmark an emulated build (`tank bench --emulate`), e.g. `7x hdd raidz2 + ssd log`:
+    /// a pool of sparse files paced to the devices' profiles, made in the data directory,
+    /// measured as `dataset_bench` measures a filesystem, and removed after; a job, one at a
+    /// time. Its filesystem caches metadata only, so the service's ARC neither flatters its
+    /// reads nor gives up the pools' data to it.
+    EmulatedBench {
+        build: String,
+        #[serde(default)]
+        params: BenchParams,
+    },
     Snapshot {
         names: Vec<String>,
         #[serde(default)]
@@ -613,7 +623,7 @@ pub enum Request {
 #[serde(deny_unknown_fields)]
 pub struct BenchParams {
     /// Bytes written and read by the stream phases (default: twice the RAM, so that no
-    /// cache can flatter the result).
+    /// cache can flatter the result; 1 GiB for an emulated build).
     #[serde(default)]
     pub size: Option<u64>,
     /// Request size of the stream phases (default 128 KiB).
@@ -631,6 +641,9 @@ pub struct BenchParams {
     /// Files of the tree copy test (default 2,000).
     #[serde(default)]
     pub tree_files: Option<u32>,
+    /// Random 8 KiB reads of the seek phase (default 8,000).
+    #[serde(default)]
+    pub seeks: Option<u32>,
     /// fdatasync after every write.
     #[serde(default)]
     pub sync: bool,

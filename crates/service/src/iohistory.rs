@@ -6,11 +6,18 @@
 //! difference from the previous call as one sample of rates per second. The last hour is
 //! kept at one sample a second; every full minute is also folded into one averaged
 //! sample, and the last week of those is kept. At 40 bytes a sample that is under 600 KiB
-//! a pool. The history lives in memory: it starts empty when the daemon starts, and a
-//! pool's ends when it is exported. A gap (the daemon was busy, the clock jumped) is
-//! averaged over the time that really passed, so a rate is never inflated.
+//! a pool in memory. A pool's history ends when it is exported. A gap (the daemon was
+//! busy, the clock jumped) is averaged over the time that really passed, so a rate is
+//! never inflated.
+//!
+//! The history outlives the daemon: it is written to `DATA_DIR/io-history.json` every ten
+//! minutes and when the daemon stops (a new file renamed over the old, so a crash leaves
+//! one or the other), and read back when the daemon next samples. The minute being
+//! gathered is lost, and the time the daemon was down is a gap in the charts, not zeros:
+//! the first sample after a start only sets the counters' base.
 
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -108,7 +115,63 @@ pub struct IoRecorder {
     pools: Mutex<HashMap<String, Track>>,
 }
 
+/// The history as kept on disk.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    version: u32,
+    pools: Vec<IoHistory>,
+}
+
+/// The version of `io-history.json` this code writes and reads.
+const SAVED_VERSION: u32 = 1;
+
 impl IoRecorder {
+    /// Writes every pool's history to `path` (a new file renamed over the old one).
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let saved = Saved {
+            version: SAVED_VERSION,
+            pools: self.history(None),
+        };
+        let tmp = path.with_extension("json.new");
+        std::fs::write(&tmp, serde_json::to_vec(&saved)?)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Reads back the history `save` wrote, for the pools that have none yet; returns how
+    /// many pools it restored. No file is no history; a file of another version or a
+    /// damaged one is an error (and nothing is restored).
+    pub fn load(&self, path: &Path) -> std::io::Result<usize> {
+        let raw = match std::fs::read(path) {
+            Ok(r) => r,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let saved: Saved = serde_json::from_slice(&raw)?;
+        if saved.version != SAVED_VERSION {
+            return Err(std::io::Error::other(format!(
+                "version {} (this daemon reads {SAVED_VERSION})",
+                saved.version
+            )));
+        }
+        let mut pools = self.pools.lock();
+        let mut restored = 0;
+        for h in saved.pools {
+            let keep = |v: Vec<IoSample>, n: usize| -> VecDeque<IoSample> {
+                v.into_iter().rev().take(n).rev().collect()
+            };
+            pools.entry(h.pool).or_insert_with(|| {
+                restored += 1;
+                Track {
+                    last: None,
+                    seconds: keep(h.seconds, SECONDS_KEPT),
+                    minute: None,
+                    minutes: keep(h.minutes, MINUTES_KEPT),
+                }
+            });
+        }
+        Ok(restored)
+    }
+
     /// Records `totals` of `pool` read at `now` (seconds since 1970).
     pub fn record(&self, pool: &str, now: f64, totals: IoTotals) {
         let mut pools = self.pools.lock();
@@ -227,5 +290,33 @@ mod tests {
         assert!((v.minutes[5].read_ops - 20.0).abs() < 1e-9);
         h.keep_only(&[]);
         assert!(h.history(None).is_empty());
+    }
+
+    #[test]
+    fn the_history_is_saved_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("io-history.json");
+        let h = IoRecorder::default();
+        assert_eq!(h.load(&path).unwrap(), 0, "no file: no history");
+        for s in 0..200u64 {
+            h.record("p", s as f64 + 1.0, totals(s * 10, s));
+        }
+        h.save(&path).unwrap();
+        let before = h.history(None);
+        let again = IoRecorder::default();
+        assert_eq!(again.load(&path).unwrap(), 1);
+        assert_eq!(again.history(None), before);
+        // After a restart the first reading only sets the base: no rate across the gap.
+        again.record("p", 5000.0, totals(1 << 40, 0));
+        assert_eq!(again.history(None), before);
+        again.record("p", 5001.0, totals((1 << 40) + 7, 0));
+        let after = &again.history(Some("p"))[0];
+        assert_eq!(after.seconds.len(), before[0].seconds.len() + 1);
+        assert_eq!(after.seconds.last().unwrap().read_ops, 7.0);
+        // A damaged file is an error, and restores nothing.
+        std::fs::write(&path, b"{\"version\": 1, \"pools\": [").unwrap();
+        let third = IoRecorder::default();
+        assert!(third.load(&path).is_err());
+        assert!(third.history(None).is_empty());
     }
 }

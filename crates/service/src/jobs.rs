@@ -8,8 +8,9 @@
 //! Other long work registers a [`Progress`] that its worker updates:
 //! - the destroy of a dataset tree in the background (`dataset_destroy` with `background`),
 //!   in bytes of the datasets destroyed so far;
-//! - a benchmark of a mounted filesystem (`dataset_bench`), in bytes moved to and from it,
-//!   its figures kept with the job when it ends.
+//! - a benchmark of a mounted filesystem (`dataset_bench`) or of an emulated build
+//!   (`emulated_bench`), in bytes moved to and from it, its figures kept with the job when
+//!   it ends.
 //!
 //! The rate and time left follow from the bytes done. `job_cancel` sets a worker's cancel
 //! flag, which it reads between steps (the job shows `canceling` until it has stopped and
@@ -46,6 +47,20 @@ pub trait Benchmark: Send + Sync {
     fn run(
         &self,
         dir: &Path,
+        params: &BenchParams,
+        progress: &Progress,
+    ) -> Result<(String, serde_json::Value), String>;
+
+    /// Whether `build` is an emulated build this runner can measure now (its grammar, and
+    /// no other emulated build being measured): the reason if not.
+    fn check_build(&self, build: &str) -> Result<(), String>;
+
+    /// Builds the emulated pool of `build` under `data_dir`, measures it as `run` measures
+    /// a filesystem, and removes it, whatever happens.
+    fn run_emulated(
+        &self,
+        data_dir: &Path,
+        build: &str,
         params: &BenchParams,
         progress: &Progress,
     ) -> Result<(String, serde_json::Value), String>;

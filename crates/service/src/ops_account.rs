@@ -187,7 +187,18 @@ impl Service {
                 self.shares
                     .add(&pools, &protocol, &name, &dataset, &options, accounts)?,
             )),
-            R::ShareList => Ok(Response::Shares(self.shares.list(&pools))),
+            R::ShareList => {
+                let mut all = self.shares.list(&pools);
+                // A user sees the shares it may use; an administrator every one.
+                if let crate::caller::Caller::User { name, .. } = ctx.caller {
+                    let groups: Vec<String> = match &accounts {
+                        Some(a) => a.groups_of(name)?.into_iter().map(|g| g.name).collect(),
+                        None => Vec::new(),
+                    };
+                    all.retain(|s| s.usable_by(name, &groups));
+                }
+                Ok(Response::Shares(all))
+            }
             R::ShareSet { name, settings } => Ok(Response::Share(
                 self.shares.set(&pools, &name, &settings, accounts)?,
             )),

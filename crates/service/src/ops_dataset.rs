@@ -195,35 +195,72 @@ impl Service {
         let progress = crate::jobs::Progress::new("benchmark", &dataset, 0);
         let stopper = Arc::new(StopOnDestroy(progress.clone()));
         let hold = self.hold(&dataset, "benchmark", stopper)?;
-        let job = self.jobs.start(progress.clone());
-        let history = self.data_dir().join(crate::service::BENCH_HISTORY);
         let label = params.label.clone().unwrap_or_else(|| dataset.clone());
-        std::thread::Builder::new()
-            .name("tank-bench".into())
-            .spawn(move || {
-                let r = runner.run(&dir, &params, &progress);
-                drop(hold);
-                match r {
-                    Ok((summary, mut figures)) => {
-                        // Into the history, named, for `tank bench --compare` and the
-                        // console's charts; a failure to write it is the job's note.
-                        if let Some(m) = figures.as_object_mut() {
-                            m.insert("label".into(), label.into());
-                        }
-                        let note = match crate::service::append_history(&history, &figures) {
-                            Ok(()) => String::new(),
-                            Err(e) => format!(" (not kept in the history: {e})"),
-                        };
-                        progress.finish(format!("{summary}{note}"), figures)
-                    }
-                    Err(why) => progress.end(Err(why)),
-                }
-            })
-            .map_err(|e| ServiceError::Failed(format!("cannot start the benchmark: {e}")))?;
+        let job = self.bench_job(progress, label, move |progress| {
+            let r = runner.run(&dir, &params, progress);
+            drop(hold);
+            r
+        })?;
         Ok(Response::JobStarted {
             job,
             message: format!("benchmarking '{dataset}' in the background: job {job}"),
         })
+    }
+
+    /// A benchmark of an emulated build as a job: the build checked before the job starts
+    /// (its grammar, and no other emulated build being measured), then made, measured and
+    /// removed by the runner on a worker thread.
+    fn emulated_bench(&self, build: String, params: BenchParams) -> Res<Response> {
+        let runner = self
+            .benchmark()
+            .ok_or_else(|| ServiceError::Invalid("this service has no benchmark runner".into()))?;
+        runner
+            .check_build(&build)
+            .map_err(|why| ServiceError::Invalid(format!("cannot benchmark '{build}': {why}")))?;
+        let target = format!("emulated {build}");
+        let progress = crate::jobs::Progress::new("benchmark", &target, 0);
+        let label = params.label.clone().unwrap_or_else(|| target.clone());
+        let data_dir = self.data_dir().to_path_buf();
+        let job = self.bench_job(progress, label, move |progress| {
+            runner.run_emulated(&data_dir, &build, &params, progress)
+        })?;
+        Ok(Response::JobStarted {
+            job,
+            message: format!("benchmarking the {target} build in the background: job {job}"),
+        })
+    }
+
+    /// Starts a benchmark job: `run` on a worker thread, its figures (named `label`) kept
+    /// with the job and appended to the benchmark history when it finishes.
+    fn bench_job(
+        &self,
+        progress: Arc<crate::jobs::Progress>,
+        label: String,
+        run: impl FnOnce(&crate::jobs::Progress) -> Result<(String, serde_json::Value), String>
+            + Send
+            + 'static,
+    ) -> Res<u64> {
+        let job = self.jobs.start(progress.clone());
+        let history = self.data_dir().join(crate::service::BENCH_HISTORY);
+        std::thread::Builder::new()
+            .name("tank-bench".into())
+            .spawn(move || match run(&progress) {
+                Ok((summary, mut figures)) => {
+                    // Into the history, named, for `tank bench --compare` and the console's
+                    // charts; a failure to write it is the job's note.
+                    if let Some(m) = figures.as_object_mut() {
+                        m.insert("label".into(), label.into());
+                    }
+                    let note = match crate::service::append_history(&history, &figures) {
+                        Ok(()) => String::new(),
+                        Err(e) => format!(" (not kept in the history: {e})"),
+                    };
+                    progress.finish(format!("{summary}{note}"), figures)
+                }
+                Err(why) => progress.end(Err(why)),
+            })
+            .map_err(|e| ServiceError::Failed(format!("cannot start the benchmark: {e}")))?;
+        Ok(job)
     }
 
     pub(crate) fn dataset_request(&self, ctx: &mut Ctx, req: Request) -> Res<Response> {
@@ -381,6 +418,7 @@ impl Service {
                 background: true,
             } => self.destroy_in_background(ctx, name, recursive, dependents, force),
             R::DatasetBench { dataset, params } => self.bench(ctx, dataset, params),
+            R::EmulatedBench { build, params } => self.emulated_bench(build, params),
             R::DatasetDestroy {
                 name,
                 recursive,

@@ -88,7 +88,14 @@ pub struct Service {
     planner: OnceLock<Arc<dyn Planner>>,
     /// Each pool's recent I/O, sampled by the daemon (`sample_io`).
     pub io_history: crate::iohistory::IoRecorder,
+    /// Set at the first `sample_io` (which reads the saved history back).
+    io_sampling: std::sync::atomic::AtomicBool,
+    /// The ten-minute period of the last save of the I/O history.
+    io_saved: std::sync::atomic::AtomicU64,
 }
+
+/// The I/O history's file in the data directory (`iohistory.rs`).
+pub const IO_HISTORY: &str = "io-history.json";
 
 /// The benchmark history's file in the data directory, one JSON record a line.
 pub const BENCH_HISTORY: &str = "bench-history.jsonl";
@@ -146,6 +153,8 @@ impl Service {
             buckets: OnceLock::new(),
             planner: OnceLock::new(),
             io_history: Default::default(),
+            io_sampling: Default::default(),
+            io_saved: Default::default(),
         }
     }
 
@@ -161,7 +170,21 @@ impl Service {
 
     /// Records one sample of every open pool's I/O into the history (the daemon calls
     /// this once a second).
+    /// The history kept at the last stop is read back at the first call, and the history
+    /// is written every ten minutes (and by `shutdown`).
     pub fn sample_io(&self) {
+        let path = self.data_dir.join(IO_HISTORY);
+        if !self
+            .io_sampling
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            if let Err(e) = self.io_history.load(&path) {
+                eprintln!(
+                    "tank: the I/O history in {} cannot be read ({e}); it starts anew",
+                    path.display()
+                );
+            }
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -172,6 +195,24 @@ impl Service {
                 .record(name, now, crate::iohistory::IoTotals::of(o));
         }
         self.io_history.keep_only(&names);
+        let ten = (now as u64) / 600;
+        if self.io_saved.swap(ten, std::sync::atomic::Ordering::SeqCst) != ten {
+            self.save_io_history();
+        }
+    }
+
+    /// Writes the I/O history to the data directory (if this service has sampled any).
+    fn save_io_history(&self) {
+        if !self.io_sampling.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let path = self.data_dir.join(IO_HISTORY);
+        if let Err(e) = self.io_history.save(&path) {
+            eprintln!(
+                "tank: cannot keep the I/O history in {}: {e}",
+                path.display()
+            );
+        }
     }
 
     /// Installs the runner of `dataset_bench` (once; later calls are ignored).
@@ -378,6 +419,7 @@ impl Service {
             | R::DatasetRename { .. }
             | R::DatasetDestroy { .. }
             | R::DatasetBench { .. }
+            | R::EmulatedBench { .. }
             | R::Snapshot { .. }
             | R::Rollback { .. }
             | R::Clone { .. }
@@ -510,6 +552,7 @@ impl Service {
             .map(|id| format!("job {id} did not stop within 30 s"))
             .collect();
         problems.extend(self.mounts.unmount_all());
+        self.save_io_history();
         for opened in self.pools.all() {
             let name = opened.pool.name();
             let r = if export {

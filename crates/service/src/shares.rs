@@ -52,6 +52,30 @@ pub struct ShareInfo {
     pub state: Option<String>,
 }
 
+impl ShareInfo {
+    /// Whether the account `user` (a member of `groups`) may use the share, by the rules its
+    /// protocol's server applies: an SMB share with no `users` and no `groups` is every
+    /// account's, and a guest share anyone's; an S3 bucket is its `users`' and `groups'`, and
+    /// a public one anyone's to read; an iSCSI target is the accounts whose CHAP secret logs
+    /// in to it. An NFS export is no account's: NFS admits hosts and uids, not accounts.
+    pub fn usable_by(&self, user: &str, groups: &[String]) -> bool {
+        let opt = |k: &str| self.options.get(k).map_or("", String::as_str);
+        let named = |k: &str| list(opt(k)).iter().any(|u| u == user);
+        let in_group = list(opt("groups")).iter().any(|g| groups.contains(g));
+        match self.protocol.as_str() {
+            "smb" => {
+                (opt("users").is_empty() && opt("groups").is_empty())
+                    || opt("guest") == "on"
+                    || named("users")
+                    || in_group
+            }
+            "s3" => !matches!(opt("public"), "" | "off") || named("users") || in_group,
+            "iscsi" => named("chap_users") || opt("mutual_chap_user") == user,
+            _ => false,
+        }
+    }
+}
+
 /// What changed, for the servers of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShareChange {
@@ -737,6 +761,38 @@ mod tests {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_share_is_usable_by_whom_its_server_admits() {
+        let share = |protocol: &str, kv: &[(&str, &str)]| ShareInfo {
+            protocol: protocol.into(),
+            name: "s".into(),
+            dataset: "p/s".into(),
+            options: opts(kv),
+            state: None,
+        };
+        let staff = ["staff".to_string()];
+        let open = share("smb", &[("guest", "off")]);
+        assert!(open.usable_by("alice", &[]));
+        let named = share("smb", &[("users", "bob,carol")]);
+        assert!(!named.usable_by("alice", &[]) && named.usable_by("carol", &[]));
+        let group = share("smb", &[("groups", "staff")]);
+        assert!(!group.usable_by("alice", &[]) && group.usable_by("alice", &staff));
+        let guest = share("smb", &[("users", "bob"), ("guest", "on")]);
+        assert!(guest.usable_by("alice", &[]));
+        let bucket = share("s3", &[("public", "off")]);
+        assert!(!bucket.usable_by("alice", &staff));
+        assert!(share("s3", &[("public", "read")]).usable_by("alice", &[]));
+        assert!(share("s3", &[("groups", "staff")]).usable_by("alice", &staff));
+        let target = share(
+            "iscsi",
+            &[("chap_users", "alice"), ("mutual_chap_user", "tgt")],
+        );
+        assert!(target.usable_by("alice", &[]) && target.usable_by("tgt", &[]));
+        assert!(!target.usable_by("bob", &staff));
+        assert!(!share("iscsi", &[]).usable_by("alice", &[]));
+        assert!(!share("nfs", &[("clients", "10.0.0.0/8")]).usable_by("alice", &staff));
     }
 
     #[test]

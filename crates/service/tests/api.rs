@@ -12,6 +12,35 @@ fn devices(dir: &Path, n: usize) -> Vec<String> {
         .collect()
 }
 
+/// Two plain accounts: alice (uid 1500) and bob (1501).
+fn add_alice_and_bob(a: &tank_service::accounts::Accounts) {
+    for (name, uid) in [("alice", 1500), ("bob", 1501)] {
+        a.add_user(NewUser {
+            name: name.into(),
+            uid: Some(uid),
+            ..NewUser::default()
+        })
+        .unwrap();
+    }
+}
+
+/// Pool `p` of one 256 MiB file in `dir`.
+fn one_device_pool(svc: &Service, dir: &Path) {
+    svc.handle(
+        &admin(),
+        Request::PoolCreate {
+            name: "p".into(),
+            spec: devices(dir, 1),
+            size: Some(256 << 20),
+            force: false,
+            ashift: None,
+        },
+        None,
+    )
+    .0
+    .unwrap();
+}
+
 fn admin() -> Caller {
     Caller::Admin {
         name: "root".into(),
@@ -105,14 +134,7 @@ fn requests_run_and_every_family_is_authorized() {
     // The roles: a user reads, manages its own account, and nothing else; anonymous
     // callers get nothing.
     let a = svc.accounts().unwrap();
-    for (name, uid) in [("alice", 1500), ("bob", 1501)] {
-        a.add_user(NewUser {
-            name: name.into(),
-            uid: Some(uid),
-            ..NewUser::default()
-        })
-        .unwrap();
-    }
+    add_alice_and_bob(a);
     let alice = svc.local_caller(1500).unwrap();
     let bobs_key = a.add_key("bob").unwrap().access_key;
     let reads = [
@@ -264,4 +286,97 @@ fn requests_run_and_every_family_is_authorized() {
         assert!(r.is_ok(), "admin {op}: {r:?}");
     }
     assert!(svc.shutdown(false).is_empty());
+}
+
+#[test]
+fn a_user_lists_only_the_shares_it_may_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Service::new(&dir.path().join("data"), Mode::Command);
+    let run = |caller: &Caller, req: Request| svc.handle(caller, req, None).0;
+    one_device_pool(&svc, dir.path());
+    let a = svc.accounts().unwrap();
+    add_alice_and_bob(a);
+    a.add_group("staff", None).unwrap();
+    a.set_member("staff", "bob", true).unwrap();
+    type Share<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+    let shares: [Share; 6] = [
+        ("smb", "everyone", &[]),
+        ("smb", "alices", &[("users", "alice")]),
+        ("smb", "staffs", &[("groups", "staff")]),
+        ("nfs", "export", &[("clients", "127.0.0.1")]),
+        ("s3", "bobs-bucket", &[("users", "bob")]),
+        ("s3", "public-bucket", &[("public", "read")]),
+    ];
+    for (protocol, name, options) in shares {
+        let dataset = format!("p/{name}");
+        run(
+            &admin(),
+            Request::DatasetCreate {
+                name: dataset.clone(),
+                kind: tank_dataset::DatasetKind::Filesystem,
+                props: vec![],
+                parents: false,
+            },
+        )
+        .unwrap();
+        run(
+            &admin(),
+            Request::ShareAdd {
+                protocol: protocol.into(),
+                name: name.into(),
+                dataset,
+                options: options
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            },
+        )
+        .unwrap();
+    }
+    let listed = |caller: &Caller| -> Vec<String> {
+        match run(caller, Request::ShareList).unwrap() {
+            Response::Shares(list) => list.into_iter().map(|s| s.name).collect(),
+            r => panic!("{r:?}"),
+        }
+    };
+    assert_eq!(listed(&admin()).len(), 6);
+    let alice = svc.local_caller(1500).unwrap();
+    let bob = svc.local_caller(1501).unwrap();
+    assert_eq!(listed(&alice), ["alices", "everyone", "public-bucket"]);
+    assert_eq!(
+        listed(&bob),
+        ["bobs-bucket", "everyone", "public-bucket", "staffs"]
+    );
+}
+
+#[test]
+fn the_io_history_outlives_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let svc = Service::new(&data, Mode::Daemon);
+    one_device_pool(&svc, dir.path());
+    for _ in 0..3 {
+        svc.sample_io();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    let before = svc.io_history.history(Some("p"));
+    assert_eq!(before.len(), 1);
+    assert!(before[0].seconds.len() >= 2, "{before:?}");
+    assert!(svc.shutdown(true).is_empty());
+    drop(svc);
+
+    // The next service finds the pool in its cache file, opened as a request needs it.
+    let again = Service::new(&data, Mode::Daemon);
+    again
+        .handle(
+            &admin(),
+            Request::PoolStatus {
+                name: Some("p".into()),
+            },
+            None,
+        )
+        .0
+        .unwrap();
+    again.sample_io();
+    assert_eq!(again.io_history.history(Some("p")), before);
 }

@@ -428,6 +428,22 @@ impl tank_service::jobs::Benchmark for Writer {
             serde_json::json!({ "bytes": done }),
         ))
     }
+
+    fn check_build(&self, build: &str) -> Result<(), String> {
+        Err(format!(
+            "this runner measures no emulated build such as '{build}'"
+        ))
+    }
+
+    fn run_emulated(
+        &self,
+        _: &std::path::Path,
+        build: &str,
+        _: &tank_service::api::BenchParams,
+        _: &tank_service::jobs::Progress,
+    ) -> Result<(String, serde_json::Value), String> {
+        self.check_build(build).map(|()| Default::default())
+    }
 }
 
 fn wait_job(svc: &Service, job: u64) -> tank_service::api::Job {

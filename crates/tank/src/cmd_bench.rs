@@ -1,9 +1,10 @@
-//! `tank bench --dataset NAME`: the bonnie++-style benchmark of a mounted filesystem, run
-//! by the service as a job.
+//! `tank bench --dataset NAME` and `tank bench --emulate BUILD --daemon`: the bonnie++-style
+//! benchmark of a mounted filesystem or of an emulated build, run by the service as a job.
 //!
 //! # Theory of operation
-//! The command sends `dataset_bench` to the daemon, which runs the benchmark on the
-//! dataset's mount in the background and answers at once with a job. The command then
+//! The command sends `dataset_bench` (or `emulated_bench`) to the daemon, which runs the
+//! benchmark on the dataset's mount (or on a pool of the emulated build that it makes and
+//! removes) in the background and answers at once with a job. The command then
 //! follows the job (`job_get`), printing its phase, bytes moved, rate and time left every
 //! few seconds; Ctrl-C asks the service to cancel it (`job_cancel`) and waits for it to stop
 //! and clean up. When the job finishes, the daemon has added its figures to the benchmark
@@ -23,19 +24,37 @@ use crate::client::{unexpected, Client};
 use crate::cmd_pool::hms;
 use crate::datadir::human;
 
-pub fn dataset(a: FsBenchArgs) -> Result<()> {
-    let name = a.dataset.clone().context("no dataset given")?;
+pub fn job(a: FsBenchArgs) -> Result<()> {
     let params = a.service_params()?;
+    let (name, request) = match (&a.dataset, &a.emulate) {
+        (Some(d), _) => (
+            format!("'{d}'"),
+            Request::DatasetBench {
+                dataset: d.clone(),
+                params,
+            },
+        ),
+        (None, Some(build)) => (
+            format!("the emulated {build}"),
+            Request::EmulatedBench {
+                build: build.clone(),
+                params,
+            },
+        ),
+        (None, None) => bail!("give --dataset NAME or --emulate BUILD --daemon"),
+    };
     let c = Client::connect()?;
     if !c.is_daemon() {
         bail!(
-            "benchmarking a dataset is a job of the daemon: start it (tank serve) with '{name}' mounted, or give a directory to measure here"
+            "benchmarking {name} is a job of the daemon: start it (tank serve){}",
+            if a.dataset.is_some() {
+                " with the dataset mounted, or give a directory to measure here"
+            } else {
+                ", or leave out --daemon to measure the build in this command"
+            }
         );
     }
-    let id = match c.call(Request::DatasetBench {
-        dataset: name.clone(),
-        params,
-    })? {
+    let id = match c.call(request)? {
         Response::JobStarted { job, message } => {
             errln!("{message}");
             job
@@ -57,8 +76,8 @@ pub fn dataset(a: FsBenchArgs) -> Result<()> {
             .context("the benchmark job's figures are not in a known form")?;
             print_record(&entry, a.json)
         }
-        "canceled" => bail!("benchmark of '{name}' (job {id}) {}", job.detail),
-        _ => bail!("benchmark of '{name}' (job {id}) failed: {}", job.detail),
+        "canceled" => bail!("benchmark of {name} (job {id}) {}", job.detail),
+        _ => bail!("benchmark of {name} (job {id}) failed: {}", job.detail),
     }
 }
 

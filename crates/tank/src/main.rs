@@ -194,7 +194,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Serve(a) => daemon::run(a),
         Command::Debug(c) => cmd_debug::run(c),
         Command::Demo(a) => demo::run(a),
-        Command::Bench(a) if a.dataset.is_some() => cmd_bench::dataset(a),
+        Command::Bench(a) if a.dataset.is_some() || a.daemon => cmd_bench::job(a),
         Command::Bench(a) => fsbench::run(a),
         Command::BenchEngine(a) => bench::run(a),
         Command::BenchScrub(a) => bench_scrub::run(a),

@@ -1631,6 +1631,17 @@ fn the_local_api_refuses_malformed_requests_and_changes_nothing() {
     assert!(out.contains("tank: cannot open 'nosuch'"), "{out}");
 }
 
+/// A short benchmark run's options, figures as JSON.
+const SMALL_BENCH: [&str; 7] = [
+    "--runs",
+    "1",
+    "--files",
+    "200",
+    "--tree-files",
+    "40",
+    "--json",
+];
+
 /// `tank bench --dataset`: the benchmark of a mounted filesystem runs in the daemon as a
 /// job; the command follows its progress, records and prints its figures, and Ctrl-C
 /// cancels it, its files removed; while it runs its dataset cannot be destroyed.
@@ -1647,7 +1658,7 @@ fn a_dataset_bench_is_a_daemon_job_with_progress_that_ctrl_c_cancels() {
     // Without a daemon there is nothing to run the job.
     env.fails(
         &["bench", "--dataset", "tank/bench"],
-        "benchmarking a dataset is a job of the daemon",
+        "is a job of the daemon: start it (tank serve)",
     );
     let _d = serve(&env);
     env.ok(&["dataset", "create", "tank/bench"]);
@@ -1666,20 +1677,8 @@ fn a_dataset_bench_is_a_daemon_job_with_progress_that_ctrl_c_cancels() {
         "does not exist",
     );
 
-    let out = env.ok(&[
-        "bench",
-        "--dataset",
-        "tank/bench",
-        "--size",
-        "16M",
-        "--runs",
-        "1",
-        "--files",
-        "200",
-        "--tree-files",
-        "40",
-        "--json",
-    ]);
+    let args = ["bench", "--dataset", "tank/bench", "--size", "16M"];
+    let out = env.ok(&[&args[..], &SMALL_BENCH].concat());
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["label"], "tank/bench", "{v}");
     assert_eq!(v["size"], 16 << 20, "{v}");
@@ -1766,4 +1765,40 @@ fn a_dataset_bench_is_a_daemon_job_with_progress_that_ctrl_c_cancels() {
     assert_eq!(std::fs::read(mnt.join("keep")).unwrap(), b"user data");
     // The dataset is free again.
     env.ok(&["dataset", "destroy", "tank/bench"]);
+
+    // An emulated build, measured by the daemon on a pool it makes and removes.
+    env.fails(
+        &["bench", "--emulate", "4x floppy raidz1", "--daemon"],
+        "cannot benchmark '4x floppy raidz1'",
+    );
+    let args = [
+        "bench",
+        "--emulate",
+        "4x ssd raidz1",
+        "--daemon",
+        "--size",
+        "32M",
+    ];
+    let out = env.ok(&[&args[..], &SMALL_BENCH].concat());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["label"], "emulated 4x ssd raidz1", "{v}");
+    assert_eq!(v["size"], 32 << 20, "{v}");
+    let write = v["summary"]["median"]["seq_output_block_mb_s"]
+        .as_f64()
+        .unwrap();
+    assert!(write > 0.0 && write.is_finite(), "{v}");
+    let left: Vec<String> = std::fs::read_dir(env.path("data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("emulate"))
+        .collect();
+    assert!(left.is_empty(), "the emulated pool's files stay: {left:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let prefix = format!("{}/emulate-", env.path("data").display());
+    assert!(
+        !mounts.contains(&prefix),
+        "the emulated filesystem stays mounted: {mounts}"
+    );
+    let history = env.ok(&["bench", "--compare"]);
+    assert!(history.contains("emulated 4x ssd raidz1"), "{history}");
 }

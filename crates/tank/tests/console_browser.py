@@ -243,6 +243,14 @@ def main():
         expect(row).to_contain_text("timemachine=on")
         expect(row).to_contain_text("timemachine_quota=2147483648")
         step("SMB share 'docs' of vault/docs added with Time Machine through its wizard: " + row.inner_text().replace("\t", " | "))
+        # An NFS export of the same filesystem: hosts, not accounts, so no user's share.
+        page.select_option("select[name=protocol]", "nfs")
+        page.fill("input[name=name]", "docs-nfs")
+        page.select_option("select[name=dataset]", "vault/docs")
+        page.fill("input[name=opt_clients]", "127.0.0.1")
+        page.click("button:has-text('Add share')")
+        done_or_error(page, page.locator("main tr", has_text="docs-nfs"))
+        step("NFS export 'docs-nfs' of vault/docs added for 127.0.0.1")
         check_problems("share")
 
         # ---- A user.
@@ -292,6 +300,38 @@ def main():
         shot(page, "dashboard")
         check_problems("scrub")
 
+        # ---- The planner, and one of its layouts measured as an emulated build, as a job.
+        page.goto(URL + "/#/tools")
+        page.fill("input[name=disks]", "4")
+        page.locator("input[name=size]").first.fill("64G")
+        page.select_option("select[name=type]", "ssd")
+        page.click("button:has-text('Rank layouts')")
+        layout = page.locator("main tr", has_text="raidz1 of 4").first
+        expect(layout).to_be_visible()
+        step("the planner ranks layouts for 4 SSDs of 64G: " + layout.inner_text().replace("\t", " | "))
+        layout.locator("button:has-text('Measure')").click()
+        build = page.locator("input[name=build]")
+        expect(build).to_be_visible()
+        spec = build.input_value()
+        assert spec.startswith("4x ssd") and "raidz1" in spec, spec
+        page.locator("input[name=size]").last.fill("128M")
+        page.fill("input[name=runs]", "1")
+        page.fill("input[name=files]", "300")
+        page.fill("input[name=tree_files]", "60")
+        page.click("button:has-text('Run benchmark')")
+        bar = page.locator("progress.job-progress")
+        expect(bar).to_be_visible()
+        step(f"the emulated build '{spec}' is measured by the daemon as a job with a progress bar: "
+             + page.locator("main tr", has=bar).inner_text().replace("\t", " | "))
+        expect(bar).to_have_count(0, timeout=120000)
+        row = page.locator("main tr", has_text="emulated " + spec).first
+        expect(row).to_contain_text("finished")
+        history = page.locator("main td", has_text="emulated " + spec)
+        expect(history.first).to_be_visible()
+        step("the job finished and its run is in the history: " + row.inner_text().replace("\t", " | "))
+        shot(page, "bench")
+        check_problems("bench")
+
         # ---- Log out; log in as the user; the server refuses what the user may not do.
         page.click("#logout")
         expect(page).to_have_url(re.compile(r"/login\?why=out$"))
@@ -332,6 +372,12 @@ def main():
             assert status == 403, (k, status, body)
         step("as bob, the API refuses a scrub, a destroy, another's password and a change without the CSRF token: "
              + json.dumps({k: json.loads(v[1])["error"]["message"] for k, v in answers.items()}))
+        # The user's shares: the SMB share open to every account, not the NFS export.
+        page.goto(URL + "/#/shares")
+        expect(page.locator("main tr", has_text="vault/docs")).to_have_count(1)
+        expect(page.locator("main tr", has_text="docs-nfs")).to_have_count(0)
+        expect(page.locator("button:has-text('Add share')")).to_have_count(0)
+        step("bob's shares page lists the SMB share every account may use, not the NFS export, and offers no wizard")
         page.goto(URL + "/#/account")
         page.click("button:has-text('New API token')")
         secret = page.locator("code.new-secret")

@@ -164,12 +164,17 @@ impl TopVdev {
         }
     }
 
-    /// Usable capacity for data (parity excluded), as `pool list` reports SIZE.
+    /// Capacity for data: a RAID-Z vdev's space deflated as a 128 KiB block is (its parity
+    /// and padding taken out, ZFS's vdev_deflate_ratio), the ratio by which the block layer
+    /// charges datasets for what they allocate (`dsize`), so dataset sizes and this
+    /// capacity are in the same units.
     pub fn capacity(&self) -> u64 {
+        const REF: u64 = 128 << 10;
         match &self.layout {
             Layout::Disk | Layout::Mirror => self.space(),
-            Layout::Raidz(g) => {
-                self.space() / g.children() as u64 * (g.children() - g.parity()) as u64
+            Layout::Raidz(_) => {
+                (u128::from(self.space()) * u128::from(REF) / u128::from(self.asize(REF).max(1)))
+                    as u64
             }
         }
     }

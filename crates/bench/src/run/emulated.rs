@@ -71,9 +71,10 @@ impl Drop for TempDir {
     }
 }
 
-/// A new temporary directory under the data directory for run `run` of this process.
-fn temp_dir(what: &str, run: usize) -> Result<TempDir> {
-    TempDir::create(data_dir().join(format!("{what}-{}-{run}", std::process::id())))
+/// A new temporary directory under `base` (the data directory) for run `run` of this
+/// process.
+fn temp_dir(base: &Path, what: &str, run: usize) -> Result<TempDir> {
+    TempDir::create(base.join(format!("{what}-{}-{run}", std::process::id())))
 }
 
 /// On SIGINT or SIGTERM, stops the benchmark so that it cleans up as on any error: every
@@ -173,13 +174,14 @@ struct Mounted {
 
 impl Mounted {
     fn new(
+        base: &Path,
         build: &EmulatedBuild,
         bytes: u64,
         recordsize: u32,
         primarycache: &str,
         run: usize,
     ) -> Result<Self> {
-        let tmp = temp_dir("emulate", run)?;
+        let tmp = temp_dir(base, "emulate", run)?;
         let pool = create_pool(build, device_size(build, bytes), &tmp.0)?;
         let (store, dsl) = open_datasets(&pool)?;
         let mut m = Mounted {
@@ -235,10 +237,11 @@ pub fn set_arc(arc: u64) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--arc: {e}"))
 }
 
-/// The filesystem-level benchmark of `build`, one new pool per run, the filesystem's
-/// `primarycache` as given (all, metadata, none); `progress` as `fsbench::run` reports it,
-/// over all runs.
+/// The filesystem-level benchmark of `build`, one new pool per run in a temporary
+/// directory under `base`, the filesystem's `primarycache` as given (all, metadata, none);
+/// `progress` as `fsbench::run` reports it, over all runs.
 pub fn fs_runs(
+    base: &Path,
     build: &EmulatedBuild,
     cfg: &FsBenchConfig,
     primarycache: &str,
@@ -248,7 +251,7 @@ pub fn fs_runs(
     let bytes = cfg.size + cfg.tree_files as u64 * 40_000 + cfg.files as u64 * 4096;
     let recordsize = u32::try_from(cfg.recordsize).context("record size")?;
     for run in 0..cfg.runs {
-        let m = Mounted::new(build, bytes, recordsize, primarycache, run)?;
+        let m = Mounted::new(base, build, bytes, recordsize, primarycache, run)?;
         let one = FsBenchConfig {
             runs: 1,
             staging: Some(m.staging.clone()),
@@ -296,7 +299,7 @@ fn raw_device(
     seeks: usize,
     run: usize,
 ) -> Result<(EmulatedFigures, EmulatedFigures)> {
-    let tmp = temp_dir("emulate-raw", run)?;
+    let tmp = temp_dir(&data_dir(), "emulate-raw", run)?;
     let bytes = size.max(1 << 30);
     let file = device_file(&tmp.0.join("raw"), bytes)?;
     stream_phases(&*file, size, seeks, false)?;
@@ -361,7 +364,7 @@ fn engine_run(
     seeks: usize,
     run: usize,
 ) -> Result<EmulatedFigures> {
-    let tmp = temp_dir("emulate", run)?;
+    let tmp = temp_dir(&data_dir(), "emulate", run)?;
     let pool = create_pool(build, device_size(build, size), &tmp.0)?;
     let result = (|| -> Result<EmulatedFigures> {
         let store = ObjectStore::open(pool.clone())?;

@@ -60,7 +60,7 @@ pub struct FsBenchArgs {
     /// Measure an emulated build instead of a directory, e.g. "7x hdd raidz2 + ssd log"
     /// (through a FUSE mount of a filesystem on it; the default size is 4x --arc).
     #[arg(long)]
-    emulate: Option<String>,
+    pub emulate: Option<String>,
     /// With --emulate: measure the pool at the engine level (no FUSE), beside one emulated
     /// device of the profile measured raw.
     #[arg(long)]
@@ -79,6 +79,11 @@ pub struct FsBenchArgs {
     /// progress this command follows (Ctrl-C cancels it).
     #[arg(long, conflicts_with_all = ["path", "emulate", "compare", "link", "chart"])]
     pub dataset: Option<String>,
+    /// With --emulate: measure the build in the service (the daemon) as a job whose
+    /// progress this command follows (Ctrl-C cancels it); its filesystem caches metadata
+    /// only, so the daemon's ARC is left to its pools.
+    #[arg(long, requires = "emulate", conflicts_with_all = ["engine", "link", "chart", "arc", "primarycache"])]
+    pub daemon: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -96,6 +101,7 @@ impl FsBenchArgs {
             tree_files: Some(u32::try_from(self.tree_files).context("too many tree files")?),
             sync: self.sync,
             label: self.label.clone(),
+            seeks: None,
         })
     }
 }
@@ -226,7 +232,7 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
     };
     let runs = match (&build, &a.path) {
         (Some(build), _) => {
-            crate::run::emulated::fs_runs(build, &cfg, &a.primarycache, &mut progress)?
+            crate::run::emulated::fs_runs(&data_dir(), build, &cfg, &a.primarycache, &mut progress)?
         }
         (None, Some(path)) => fsbench::run(path, &cfg, &mut progress)
             .with_context(|| format!("benchmark of {}", path.display()))?,
@@ -303,31 +309,32 @@ pub fn print_record(entry: &HistoryEntry, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// The benchmark the service runs as a job (`dataset_bench`): the same phases as
-/// `tank bench PATH`, on the dataset's mount, with the bytes moved as the job's progress
-/// (sampled every quarter second) and its cancel flag as the benchmark's.
+/// The benchmark the service runs as a job: `dataset_bench`, the same phases as
+/// `tank bench PATH` on the dataset's mount, and `emulated_bench`, those of
+/// `tank bench --emulate BUILD`. The bytes moved are the job's progress (sampled every
+/// quarter second) and its cancel flag is the benchmark's.
 pub struct ServiceBench;
 
-impl Benchmark for ServiceBench {
-    fn run(
-        &self,
-        dir: &std::path::Path,
-        params: &BenchParams,
-        progress: &Progress,
-    ) -> std::result::Result<(String, serde_json::Value), String> {
+/// Held while an emulated build is measured: its pool has one name in the process, so one
+/// emulated build is measured at a time.
+static EMULATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl ServiceBench {
+    /// The benchmark's configuration from a job's parameters (`size` if none is given).
+    fn config(params: &BenchParams, size: u64) -> std::result::Result<FsBenchConfig, String> {
         let int = |v: Option<u32>, default: usize| v.map_or(default, |v| v as usize);
         let recordsize = params.recordsize.unwrap_or(128 << 10);
         if !(512..=(16 << 20)).contains(&recordsize) {
             return Err("record size must be from 512 to 16M".into());
         }
         let cfg = FsBenchConfig {
-            size: params.size.unwrap_or_else(|| 2 * ram_bytes()),
+            size: params.size.unwrap_or(size),
             recordsize: recordsize as usize,
             jobs: int(params.jobs, 1),
             runs: int(params.runs, 3),
             sync: params.sync,
             files: int(params.files, 16 * 1024),
-            seeks: 8000,
+            seeks: int(params.seeks, 8000),
             tree_files: int(params.tree_files, 2000),
             link: None,
             staging: None,
@@ -336,34 +343,44 @@ impl Benchmark for ServiceBench {
         if cfg.jobs == 0 || cfg.jobs > 64 || cfg.runs == 0 || cfg.runs > 100 {
             return Err("jobs must be from 1 to 64 and runs from 1 to 100".into());
         }
+        Ok(cfg)
+    }
+
+    /// Runs `bench` (which reports its phase and takes `cfg`'s meter) with `progress`
+    /// following the meter, and makes the job's summary line and figures, for `path`.
+    fn measured(
+        cfg: &FsBenchConfig,
+        path: &str,
+        progress: &Progress,
+        bench: impl FnOnce(&mut dyn FnMut(&str, f64)) -> Result<Vec<fsbench::FsFigures>>,
+    ) -> std::result::Result<(String, serde_json::Value), String> {
+        use std::sync::atomic::Ordering;
         progress.set_total(cfg.planned_bytes());
         let start = Instant::now();
         let phase = parking_lot::Mutex::new(String::from("starting"));
         let done = std::sync::atomic::AtomicBool::new(false);
         let sample = || {
-            let bytes = cfg.meter.bytes.load(std::sync::atomic::Ordering::Relaxed);
+            let bytes = cfg.meter.bytes.load(Ordering::Relaxed);
             progress.advance(bytes, start.elapsed(), phase.lock().clone());
         };
         let runs = std::thread::scope(|s| {
             s.spawn(|| {
-                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                while !done.load(Ordering::SeqCst) {
                     if progress.canceled() {
-                        cfg.meter
-                            .cancel
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                        cfg.meter.cancel.store(true, Ordering::SeqCst);
                     }
                     sample();
                     std::thread::sleep(std::time::Duration::from_millis(250));
                 }
             });
-            let r = fsbench::run(dir, &cfg, &mut |p: &str, _| {
+            let r = bench(&mut |p: &str, _| {
                 *phase.lock() = p.to_string();
                 sample();
             });
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            done.store(true, Ordering::SeqCst);
             r
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| tank_service::error::chain(&e))?;
         let summary = fsbench::summarize(&runs);
         let m = &summary.median;
         let line = format!(
@@ -377,8 +394,8 @@ impl Benchmark for ServiceBench {
         );
         let entry = HistoryEntry {
             time: tank_pool::config::now_secs(),
-            label: dir.display().to_string(),
-            path: dir.display().to_string(),
+            label: path.to_string(),
+            path: path.to_string(),
             size: cfg.size,
             recordsize: cfg.recordsize,
             jobs: cfg.jobs,
@@ -387,6 +404,58 @@ impl Benchmark for ServiceBench {
         };
         let value = serde_json::to_value(&entry).map_err(|e| e.to_string())?;
         Ok((line, value))
+    }
+}
+
+impl Benchmark for ServiceBench {
+    fn run(
+        &self,
+        dir: &std::path::Path,
+        params: &BenchParams,
+        progress: &Progress,
+    ) -> std::result::Result<(String, serde_json::Value), String> {
+        let cfg = Self::config(params, 2 * ram_bytes())?;
+        Self::measured(&cfg, &dir.display().to_string(), progress, |report| {
+            Ok(fsbench::run(dir, &cfg, report)?)
+        })
+    }
+
+    fn check_build(&self, build: &str) -> std::result::Result<(), String> {
+        EmulatedBuild::parse(build).map_err(|e| e.to_string())?;
+        match EMULATING.try_lock() {
+            Err(std::sync::TryLockError::WouldBlock) => {
+                Err("another emulated build is being measured: one at a time".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn run_emulated(
+        &self,
+        data_dir: &std::path::Path,
+        build: &str,
+        params: &BenchParams,
+        progress: &Progress,
+    ) -> std::result::Result<(String, serde_json::Value), String> {
+        let _one = match EMULATING.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err("another emulated build is being measured: one at a time".into())
+            }
+        };
+        let parsed = EmulatedBuild::parse(build).map_err(|e| e.to_string())?;
+        // 4x the emulated build's ARC of `tank bench --emulate` by default.
+        let cfg = Self::config(params, 1 << 30)?;
+        if cfg.recordsize > DATASET_MAX_RECORD as usize || !cfg.recordsize.is_power_of_two() {
+            return Err(format!(
+                "a filesystem's record size is a power of two up to {}",
+                human(DATASET_MAX_RECORD)
+            ));
+        }
+        Self::measured(&cfg, &format!("emulated {build}"), progress, |report| {
+            crate::run::emulated::fs_runs(data_dir, &parsed, &cfg, "metadata", report)
+        })
     }
 }
 

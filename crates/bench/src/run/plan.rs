@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use comfy_table::{presets, Table};
 
-use crate::run::util::{human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
+use crate::run::util::{data_dir, human, parse_recordsize, parse_size, DATASET_MAX_RECORD};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -329,8 +329,14 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
                 last_len = line.len();
                 let _ = std::io::stderr().flush();
             };
-            let runs = crate::run::emulated::fs_runs(&build, &cfg, &a.primarycache, &mut progress)
-                .with_context(|| format!("measuring {what}"))?;
+            let runs = crate::run::emulated::fs_runs(
+                &data_dir(),
+                &build,
+                &cfg,
+                &a.primarycache,
+                &mut progress,
+            )
+            .with_context(|| format!("measuring {what}"))?;
             let median = summarize(&runs).median;
             results.push(Measured {
                 layout: layout.describe(),
@@ -480,8 +486,19 @@ fn plan_query(q: &tank_service::service::PlanQuery) -> Result<serde_json::Value>
         Some(_) => layout_warnings(&input, &all[0].layout)?,
         None => Vec::new(),
     };
+    // Each layout also as the emulated build that measures it (`emulated_bench`).
+    let sep = if q.disk_type.contains(':') { ',' } else { ':' };
+    let profile = format!("{}{sep}cap={}", q.disk_type, q.disk_bytes);
+    let layouts: Vec<serde_json::Value> = all
+        .iter()
+        .map(|a| {
+            let mut v = serde_json::to_value(a)?;
+            v["emulate"] = a.layout.emulate_spec(&profile).into();
+            Ok(v)
+        })
+        .collect::<Result<_, serde_json::Error>>()?;
     Ok(serde_json::json!({
-        "layouts": all,
+        "layouts": layouts,
         "recommended": all[best].name,
         "reason": why,
         "warnings": warnings,
@@ -570,4 +587,63 @@ fn optimal_widths(input: &PlanInput, parity: usize) -> Result<String> {
         Some((last, [])) => last.clone(),
         Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use tank_device::{DeviceRef, FileDevice, FileDeviceOptions};
+    use tank_pool::{CreateOptions, Pool, PoolSpec};
+
+    /// The planner's usable capacity is what a pool of that layout reports once made.
+    #[test]
+    fn the_planned_usable_capacity_is_the_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: u64 = 256 << 20;
+        for (layout, disks, tokens) in [
+            ("1x4 raidz2", 4, "raidz2 d0 d1 d2 d3"),
+            ("1x5 raidz1", 5, "raidz1 d0 d1 d2 d3 d4"),
+            ("1x7 raidz2", 7, "raidz2 d0 d1 d2 d3 d4 d5 d6"),
+            ("1x6 raidz3", 6, "raidz3 d0 d1 d2 d3 d4 d5"),
+            ("2x2 mirror", 4, "mirror d0 d1 mirror d2 d3"),
+            ("2x3 raidz1", 6, "raidz1 d0 d1 d2 raidz1 d3 d4 d5"),
+        ] {
+            let mut devices: HashMap<String, DeviceRef> = HashMap::new();
+            for i in 0..disks {
+                let name = format!("d{i}");
+                let path = dir
+                    .path()
+                    .join(format!("{}-{name}", layout.replace(' ', "-")));
+                let file = FileDevice::open(
+                    &path,
+                    &FileDeviceOptions {
+                        create_size: Some(bytes),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+                devices.insert(name, Arc::new(file));
+            }
+            let tokens: Vec<String> = tokens.split(' ').map(String::from).collect();
+            let spec = PoolSpec::parse(&tokens, true).unwrap();
+            let (pool, _) = Pool::create("p", &spec, &devices, &CreateOptions::default()).unwrap();
+            let usable = pool.space().usable;
+            pool.destroy().unwrap();
+            let plan = plan_query(&tank_service::service::PlanQuery {
+                disks,
+                disk_bytes: bytes,
+                disk_type: "ssd".into(),
+                workload: "mixed".into(),
+                layout: Some(layout.into()),
+            })
+            .unwrap();
+            let planned = plan["layouts"][0]["usable_bytes"].as_u64().unwrap();
+            let off = planned.abs_diff(usable) as f64 / usable as f64;
+            assert!(
+                off < 1e-6,
+                "{layout}: planned {planned}, the pool reports {usable}"
+            );
+        }
+    }
 }
