@@ -396,7 +396,7 @@ function poolCard(r, s, cache, charts) {
     h("div", { class: "stat" }, h("span", { class: "muted", text: "Used" }), h("b", { text: size(sp.allocated) + " of " + size(sp.size) }),
       capacityBar(sp.allocated, sp.size, "capacity of " + r.name)),
     h("div", { class: "stat" }, h("span", { class: "muted", text: "Free" }), h("b", { text: size(sp.free) })),
-    h("div", { class: "stat" }, h("span", { class: "muted", text: "Usable (parity excluded)" }), h("b", { text: size(sp.usable) })),
+    h("div", { class: "stat" }, h("span", { class: "muted", text: "Usable for data" }), h("b", { text: size(sp.usable), title: "What the datasets can hold: parity and RAID-Z padding taken out, and the 1/32 kept for metadata (as zfs list counts)" })),
     h("div", { class: "stat" }, h("span", { class: "muted", text: "Fragmentation" }), h("b", { text: (s.fragmentation ?? sp.fragmentation) + "%" }))));
   card.append(scanBox(r));
   card.append(h("h3", { text: "Devices" }), vdevTable(r, false));
@@ -1414,7 +1414,7 @@ async function benchHistory() {
   const runs = (await api("bench_history", { limit: 6 })).runs.filter((r) => r.summary && r.summary.median);
   const box = h("div", {}, h("h3", { text: "History" }));
   if (!runs.length) return add(box, [h("p", { class: "muted", text: "No benchmark has been recorded yet." })]);
-  box.append(h("p", { class: "hint", text: "The last " + runs.length + " runs (medians of each run's repeats); the bar is the share of the best run's figure." }));
+  box.append(h("p", { class: "hint", text: (runs.length === 1 ? "The last run" : "The last " + runs.length + " runs") + " (medians of each run's repeats); the bar is the share of the best run's figure." }));
   const rows = [];
   for (const [key, label, unit] of FIGURES) {
     const vals = runs.map((r) => Number(r.summary.median[key] || 0));

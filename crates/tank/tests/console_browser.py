@@ -138,14 +138,22 @@ def main():
         expect(plan.locator("h3")).to_have_text("1 x raidz2 of 4")
         expect(plan).to_contain_text("Usable capacity")
         expect(plan).to_contain_text("Mean time to data loss")
-        step("the wizard shows the layout's figures before the pool is made: "
-             + " | ".join(plan.locator("tr").all_inner_texts()[:3]).replace("\t", " "))
+        plan_text = " | ".join(plan.locator("tr").all_inner_texts()[:3]).replace("\t", " ")
+        step("the wizard shows the layout's figures before the pool is made: " + plan_text)
         shot(page, "pool-wizard")
         page.click("form button:has-text('Create pool')")
         done_or_error(page, page.locator("main h1", has_text="Pool vault"))
         expect(page.locator("main h1")).to_contain_text("Pool vault", timeout=60000)
         expect(page.locator("main")).to_contain_text("raidz2-0")
         step("pool 'vault' created through the wizard, raidz2 of the 4 devices")
+        # The capacity the wizard promised is what the pool reports.
+        promised = re.search(r"Usable capacity\s+(\S+)", plan_text).group(1)
+        page.goto(URL + "/#/dashboard")
+        card = page.locator("main section", has=page.locator("h2", has_text="vault"))
+        expect(card.locator(".stat", has_text="Usable for data").locator("b")).to_have_text(promised)
+        step(f"the dashboard's usable space of vault is the wizard's {promised}")
+        page.goto(URL + "/#/pools/vault")
+        expect(page.locator("main h1")).to_contain_text("Pool vault")
         check_problems("pool")
 
         # ---- A device offline: the pool is DEGRADED, and every page says so; online again.
@@ -312,6 +320,7 @@ def main():
         layout.locator("button:has-text('Measure')").click()
         build = page.locator("input[name=build]")
         expect(build).to_be_visible()
+        expect(page.locator("select[name=dataset]")).to_be_hidden()
         spec = build.input_value()
         assert spec.startswith("4x ssd") and "raidz1" in spec, spec
         page.locator("input[name=size]").last.fill("128M")
