@@ -48,6 +48,23 @@ fn status_line(c: &mut impl BufRead) -> Result<u16> {
         .with_context(|| format!("not an HTTP status line: {line:?}"))
 }
 
+/// Reads a response's header lines up to the empty line (or the end): each (name in
+/// lowercase, value trimmed).
+fn header_lines(c: &mut impl BufRead) -> Result<Vec<(String, String)>> {
+    let mut got = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        c.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            return Ok(got);
+        }
+        let (k, v) = l.split_once(':').unwrap_or((l, ""));
+        got.push((k.to_ascii_lowercase(), v.trim().to_string()));
+    }
+}
+
 /// A response: its status, its headers (lowercase names) and its body.
 pub type Answer = (u16, Vec<(String, String)>, Vec<u8>);
 
@@ -147,13 +164,7 @@ impl HttpsClient {
         c.get_mut().write_all(head.as_bytes())?;
         c.get_mut().flush()?;
         let status = status_line(&mut c)?;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if c.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
-                break;
-            }
-        }
+        header_lines(&mut c)?;
         Ok((status, Box::new(c)))
     }
 
@@ -171,27 +182,10 @@ impl HttpsClient {
         s.write_all(body)?;
         s.flush()?;
         let status = status_line(c)?;
-        let mut line = String::new();
-        let mut len = None;
-        let mut close = false;
-        let mut got = Vec::new();
-        loop {
-            line.clear();
-            c.read_line(&mut line)?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            let (k, v) = l.split_once(':').unwrap_or((l, ""));
-            let k = k.to_ascii_lowercase();
-            match k.as_str() {
-                "content-length" => len = v.trim().parse::<usize>().ok(),
-                "connection" => close = v.trim().eq_ignore_ascii_case("close"),
-                _ => {}
-            }
-            got.push((k, v.trim().to_string()));
-        }
-        let Some(len) = len else {
+        let got = header_lines(c)?;
+        let value = |name: &str| got.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+        let close = value("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let Some(len) = value("content-length").and_then(|v| v.parse::<usize>().ok()) else {
             bail!("the response has no Content-Length");
         };
         if len > MAX_RESPONSE {

@@ -78,16 +78,7 @@ const LOGIN: &str = include_str!("../console/login.html");
 
 /// Every answer of the listener (the API's JSON too) carries the console's headers: a
 /// browser that is shown an API answer runs nothing, frames nothing, sniffs nothing.
-pub async fn harden(r: Response) -> Response {
-    if r.headers().contains_key(header::CONTENT_SECURITY_POLICY) {
-        r
-    } else {
-        secure(r)
-    }
-}
-
-/// The headers every console response carries.
-fn secure(mut r: Response) -> Response {
+pub async fn harden(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
@@ -110,16 +101,14 @@ fn secure(mut r: Response) -> Response {
 }
 
 fn html(body: String) -> Response {
-    secure(
-        (
-            [
-                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-                (header::CACHE_CONTROL, "no-store"),
-            ],
-            body,
-        )
-            .into_response(),
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
     )
+        .into_response()
 }
 
 /// `GET /`: the console, for a live session; the login page's address otherwise.
@@ -129,16 +118,14 @@ pub async fn shell(Extension(st): Extension<St>, headers: HeaderMap) -> Response
     match session {
         // The token is hex: nothing in it needs escaping.
         Some(s) => html(SHELL.replace("{{csrf}}", &s.csrf)),
-        None => secure(
-            (
-                StatusCode::SEE_OTHER,
-                [
-                    (header::LOCATION, "/login"),
-                    (header::CACHE_CONTROL, "no-store"),
-                ],
-            )
-                .into_response(),
-        ),
+        None => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, "/login"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+        )
+            .into_response(),
     }
 }
 
@@ -147,23 +134,31 @@ pub async fn login_page() -> Response {
     html(LOGIN.to_string())
 }
 
-/// The tag of an asset's bytes, for revalidation.
-fn etag(bytes: &[u8]) -> String {
-    let d = sha2::Sha256::digest(bytes);
-    format!("\"{}\"", tank_service::api::hex_encode(&d[..12]))
+/// The tag of each asset's bytes, for revalidation (worked out once, in `ASSETS`' order).
+fn etags() -> &'static [String] {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    TAGS.get_or_init(|| {
+        ASSETS
+            .iter()
+            .map(|a| {
+                let d = sha2::Sha256::digest(a.bytes);
+                format!("\"{}\"", tank_service::api::hex_encode(&d[..12]))
+            })
+            .collect()
+    })
 }
 
 /// `GET /console/{name}`: an embedded file, revalidated by its tag.
 pub async fn asset(Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
     drop(body);
-    let Some(a) = ASSETS.iter().find(|a| a.name == name) else {
-        return secure((StatusCode::NOT_FOUND, "no such file\n").into_response());
+    let Some(i) = ASSETS.iter().position(|a| a.name == name) else {
+        return (StatusCode::NOT_FOUND, "no such file\n").into_response();
     };
-    let tag = etag(a.bytes);
+    let (a, tag) = (&ASSETS[i], &etags()[i]);
     let fresh = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == tag));
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == tag.as_str()));
     let mut r = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -171,10 +166,10 @@ pub async fn asset(Path(name): Path<String>, headers: HeaderMap, body: Body) -> 
     };
     let h = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    if let Ok(v) = HeaderValue::from_str(&tag) {
+    if let Ok(v) = HeaderValue::from_str(tag) {
         h.insert(header::ETAG, v);
     }
-    secure(r)
+    r
 }
 
 /// The console's embedded files and their sizes in bytes (for the page-weight figure).
@@ -211,11 +206,23 @@ mod tests {
         path: &str,
         cookie: Option<&str>,
     ) -> (StatusCode, HeaderMap, Vec<u8>) {
+        let headers: Vec<(header::HeaderName, String)> = cookie
+            .map(|c| (header::COOKIE, c.to_string()))
+            .into_iter()
+            .collect();
+        get_with(st, path, &headers)
+    }
+
+    fn get_with(
+        st: &crate::routes::St,
+        path: &str,
+        headers: &[(header::HeaderName, String)],
+    ) -> (StatusCode, HeaderMap, Vec<u8>) {
         use tower::ServiceExt;
         let app = crate::router(st.clone());
         let mut req = axum::http::Request::get(path);
-        if let Some(c) = cookie {
-            req = req.header(header::COOKIE, c);
+        for (k, v) in headers {
+            req = req.header(k, v);
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -268,20 +275,9 @@ mod tests {
         // An asset is revalidated by its tag.
         let (_, h, _) = get(&st, "/console/app.js", None);
         let tag = h[header::ETAG].to_str().unwrap().to_string();
-        let app = crate::router(st.clone());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let status = rt.block_on(async move {
-            use tower::ServiceExt;
-            let req = axum::http::Request::get("/console/app.js")
-                .header(header::IF_NONE_MATCH, tag)
-                .body(Body::empty())
-                .unwrap();
-            app.oneshot(req).await.unwrap().status()
-        });
+        let (status, h, _) = get_with(&st, "/console/app.js", &[(header::IF_NONE_MATCH, tag)]);
         assert_eq!(status, StatusCode::NOT_MODIFIED);
+        assert_eq!(h[header::CONTENT_SECURITY_POLICY], CSP);
     }
 
     #[test]

@@ -239,12 +239,22 @@ fn https_client(d: &Daemon, token: &str, until: Instant) -> Result<Vec<u32>> {
     Ok(lat)
 }
 
-fn percentile(sorted: &[u32], p: f64) -> f64 {
+/// The `p` quantile (0 to 1) of values sorted ascending; 0 for none.
+pub(crate) fn percentile<T: Copy + Into<f64>>(sorted: &[T], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    f64::from(sorted[i])
+    sorted[i].into()
+}
+
+/// A new API token of the `bench` account of `data`, made with the command line.
+pub(crate) fn new_token(exe: &Path, data: &Path) -> Result<String> {
+    Ok(tank(exe, data, &["token", "add", "bench"], "")?
+        .trim()
+        .strip_prefix("token: ")
+        .context("no token printed")?
+        .to_string())
 }
 
 fn measure(
@@ -300,11 +310,7 @@ fn measure(
 /// Runs the benchmark; `exe` is the tank program. Returns every sample of every run.
 pub fn run(exe: &Path, opts: &Options, progress: &dyn Fn(&Sample)) -> Result<Vec<Sample>> {
     with_data_dir(&opts.dir, "tank-bench-api", exe, |data| {
-        let token = tank(exe, data, &["token", "add", "bench"], "")?
-            .trim()
-            .strip_prefix("token: ")
-            .context("no token printed")?
-            .to_string();
+        let token = new_token(exe, data)?;
         let d = start(exe, data)?;
         // Warm up both paths (connections, caches).
         measure(&d, &token, "socket", 1, 0.5)?;

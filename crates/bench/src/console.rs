@@ -32,7 +32,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tank_api::client::HttpsClient;
 
-use crate::api::{rss, start, tank, with_data_dir, Daemon, PeakRss};
+use crate::api::{new_token, rss, start, with_data_dir, Daemon, PeakRss};
 
 /// Datasets and snapshots the pool is given.
 pub const DATASETS: usize = 200;
@@ -79,11 +79,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The `p` quantile (0 to 1) of `v` (sorted here).
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(((v.len() as f64 - 1.0) * p).round() as usize)
-        .copied()
-        .unwrap_or(0.0)
+    crate::api::percentile(v, p)
 }
 
 fn post(c: &mut HttpsClient, auth: &str, op: &str, body: &str) -> Result<Vec<u8>> {
@@ -261,11 +260,7 @@ fn consoles(d: &Daemon, auth: &str, n: usize, seconds: f64) -> Result<u64> {
 }
 
 fn one_run(exe: &Path, opts: &Options, data: &Path) -> Result<Report> {
-    let token = tank(exe, data, &["token", "add", "bench"], "")?
-        .trim()
-        .strip_prefix("token: ")
-        .context("no token printed")?
-        .to_string();
+    let token = new_token(exe, data)?;
     let auth = format!("Bearer {token}");
     let d = start(exe, data)?;
     let cert = data.join("tls/cert.pem");

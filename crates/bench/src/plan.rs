@@ -105,7 +105,8 @@ impl Layout {
         }
     }
 
-    fn data_disks_per_vdev(&self) -> usize {
+    /// Disks of a vdev that hold data (all but the parity; one of a mirror).
+    pub fn data_disks_per_vdev(&self) -> usize {
         match self.vdev {
             VdevType::Stripe => 1,
             VdevType::Mirror { .. } => 1,

@@ -126,7 +126,7 @@ impl Service {
             ino = a.ino;
         }
         let limit = limit.clamp(1, BROWSE_MAX);
-        // One more than asked, to know whether there is more.
+        // Three more than asked: `.` and `..`, and one to know whether there is more.
         let got = fs
             .readdir(&cred, ino, cookie, limit + 3)
             .map_err(|e| ServiceError::Failed(format!("cannot read '{shown}/': {e}")))?;

@@ -121,18 +121,16 @@ pub fn set_param(name: &str, value: &str) -> Res<()> {
 impl Service {
     /// The ARC's counters and each open pool's L2ARC and intent log.
     pub fn cache_report(&self) -> CacheReport {
-        let mut l2: Vec<(String, serde_json::Map<String, serde_json::Value>)> = self
-            .open_pools()
-            .into_iter()
+        let mut open = self.open_pools();
+        open.sort_by_key(|o| o.pool.name());
+        let l2 = open
+            .iter()
             .map(|o| (o.pool.name(), to_map(&o.store.cache().l2().stats())))
             .collect();
-        l2.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut zil: Vec<(String, serde_json::Map<String, serde_json::Value>)> = self
-            .open_pools()
-            .into_iter()
+        let zil = open
+            .iter()
             .map(|o| (o.pool.name(), to_map(&o.pool.zil.stats())))
             .collect();
-        zil.sort_by(|a, b| a.0.cmp(&b.0));
         CacheReport {
             arc: to_map(&arc::global().stats()),
             l2arc: l2,

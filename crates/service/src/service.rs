@@ -92,6 +92,9 @@ pub struct Service {
     io_sampling: std::sync::atomic::AtomicBool,
     /// The ten-minute period of the last save of the I/O history.
     io_saved: std::sync::atomic::AtomicU64,
+    /// Set by `shutdown` (after its save): sampling stops, so closed pools do not empty
+    /// the history that a later save would then write.
+    io_stopped: std::sync::atomic::AtomicBool,
 }
 
 /// The I/O history's file in the data directory (`iohistory.rs`).
@@ -155,6 +158,7 @@ impl Service {
             io_history: Default::default(),
             io_sampling: Default::default(),
             io_saved: Default::default(),
+            io_stopped: Default::default(),
         }
     }
 
@@ -170,9 +174,13 @@ impl Service {
 
     /// Records one sample of every open pool's I/O into the history (the daemon calls
     /// this once a second).
+    ///
     /// The history kept at the last stop is read back at the first call, and the history
     /// is written every ten minutes (and by `shutdown`).
     pub fn sample_io(&self) {
+        if self.io_stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let path = self.data_dir.join(IO_HISTORY);
         if !self
             .io_sampling
@@ -553,6 +561,8 @@ impl Service {
             .collect();
         problems.extend(self.mounts.unmount_all());
         self.save_io_history();
+        self.io_stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         for opened in self.pools.all() {
             let name = opened.pool.name();
             let r = if export {

@@ -120,7 +120,7 @@ pub struct HistoryEntry {
 }
 
 fn history_path() -> PathBuf {
-    data_dir().join("bench-history.jsonl")
+    data_dir().join(tank_service::service::BENCH_HISTORY)
 }
 
 fn ram_bytes() -> u64 {
@@ -260,16 +260,12 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
     print_record(&entry, a.json)
 }
 
-/// Appends a benchmark to the history (`DATA_DIR/bench-history.jsonl`).
+/// Appends a benchmark to the history (`DATA_DIR/bench-history.jsonl`), as the daemon
+/// appends its jobs' runs.
 pub fn record(entry: &HistoryEntry) -> Result<()> {
     std::fs::create_dir_all(data_dir()).ok();
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(history_path())
-        .with_context(|| format!("cannot write {}", history_path().display()))?;
-    writeln!(f, "{}", serde_json::to_string(entry)?)?;
-    Ok(())
+    tank_service::service::append_history(&history_path(), &serde_json::to_value(entry)?)
+        .with_context(|| format!("cannot write {}", history_path().display()))
 }
 
 /// Prints a benchmark's figures: the median with min and max of each (or the record as
@@ -318,6 +314,9 @@ pub struct ServiceBench;
 /// Held while an emulated build is measured: its pool has one name in the process, so one
 /// emulated build is measured at a time.
 static EMULATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Why a second emulated build is refused while one is measured.
+const ONE_AT_A_TIME: &str = "another emulated build is being measured: one at a time";
 
 impl ServiceBench {
     /// The benchmark's configuration from a job's parameters (`size` if none is given).
@@ -423,9 +422,7 @@ impl Benchmark for ServiceBench {
     fn check_build(&self, build: &str) -> std::result::Result<(), String> {
         EmulatedBuild::parse(build).map_err(|e| e.to_string())?;
         match EMULATING.try_lock() {
-            Err(std::sync::TryLockError::WouldBlock) => {
-                Err("another emulated build is being measured: one at a time".into())
-            }
+            Err(std::sync::TryLockError::WouldBlock) => Err(ONE_AT_A_TIME.into()),
             _ => Ok(()),
         }
     }
@@ -440,9 +437,7 @@ impl Benchmark for ServiceBench {
         let _one = match EMULATING.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                return Err("another emulated build is being measured: one at a time".into())
-            }
+            Err(std::sync::TryLockError::WouldBlock) => return Err(ONE_AT_A_TIME.into()),
         };
         let parsed = EmulatedBuild::parse(build).map_err(|e| e.to_string())?;
         // 4x the emulated build's ARC of `tank bench --emulate` by default.

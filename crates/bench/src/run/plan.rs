@@ -530,12 +530,7 @@ pub fn layout_warnings(input: &PlanInput, l: &Layout) -> Result<Vec<String>> {
                     l.width
                 ));
             }
-            let sector = 1u64 << input.ashift;
-            let rounded = input.recordsize.div_ceil(sector) * sector;
-            let actual = rounded as f64
-                / crate::plan::record_asize(l, input.recordsize, input.ashift)? as f64;
-            let ideal = data as f64 / l.width as f64;
-            let loss = 1.0 - actual / ideal;
+            let loss = padding_loss(input, l)?;
             if loss > 0.02 {
                 let better = optimal_widths(input, parity)?;
                 w.push(format!(
@@ -563,10 +558,18 @@ pub fn layout_warnings(input: &PlanInput, l: &Layout) -> Result<Vec<String>> {
     Ok(w)
 }
 
-/// The raidz widths up to 16 whose records lose under 1% to padding, as "a, b or c".
-fn optimal_widths(input: &PlanInput, parity: usize) -> Result<String> {
+/// The share of a RAID-Z layout's data space its records lose to padding (0 to 1).
+fn padding_loss(input: &PlanInput, l: &Layout) -> Result<f64> {
     let sector = 1u64 << input.ashift;
     let rounded = input.recordsize.div_ceil(sector) * sector;
+    let actual =
+        rounded as f64 / crate::plan::record_asize(l, input.recordsize, input.ashift)? as f64;
+    let ideal = l.data_disks_per_vdev() as f64 / l.width as f64;
+    Ok(1.0 - actual / ideal)
+}
+
+/// The raidz widths up to 16 whose records lose under 1% to padding, as "a, b or c".
+fn optimal_widths(input: &PlanInput, parity: usize) -> Result<String> {
     let mut good = Vec::new();
     for width in parity + 2..=16 {
         let l = Layout {
@@ -575,10 +578,7 @@ fn optimal_widths(input: &PlanInput, parity: usize) -> Result<String> {
             vdevs: 1,
             spares: 0,
         };
-        let actual =
-            rounded as f64 / crate::plan::record_asize(&l, input.recordsize, input.ashift)? as f64;
-        let ideal = (width - parity) as f64 / width as f64;
-        if 1.0 - actual / ideal < 0.01 {
+        if padding_loss(input, &l)? < 0.01 {
             good.push(width.to_string());
         }
     }
