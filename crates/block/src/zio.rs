@@ -15,6 +15,7 @@
 //! # Concurrency
 //! `read` may run on any thread. `write` and `free` take the allocator lock briefly.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -69,6 +70,8 @@ impl PendingBlock {
 pub struct ReadStats {
     pub healed_copies: u64,
     pub healed_in_vdev: u64,
+    /// Gang blocks freed whose header could not be read: their pieces' space leaked.
+    pub leaked_gangs: u64,
 }
 
 /// What scrubbing one block found (see [`BlockStore::scrub`]).
@@ -99,51 +102,114 @@ const GANG_CHILDREN: usize = 3;
 const GANG_MIN_PIECE: usize = 4096;
 pub const GANG_HEADER_SIZE: usize = 512;
 const GANG_MAGIC: &[u8; 8] = b"TANKGANG";
+/// Header version 1: the checksum is sealed to the referencing pointer (see [`gang_seal`]).
+/// Version 0 headers (written before the seal) checked only themselves.
+const GANG_SEALED: u32 = 1;
 
-/// Gang header (512 bytes): magic "TANKGANG", count u32, zero u32, 3 block pointers, zero
-/// padding to 480, BLAKE3-256 of bytes 0..480 (the header verifies itself, as ZFS's does).
-fn encode_gang(children: &[BlockPtr]) -> Vec<u8> {
+/// The checksum of a gang header: BLAKE3-256 of its bytes 0..480 followed by the referencing
+/// pointer's first DVA (vdev u32, offset u64) and birth txg u64, as ZFS seeds a gang header's
+/// checksum with its verifier. A header read through any other pointer (stale, misdirected,
+/// or left by a freed block at the same place) does not verify.
+fn gang_seal(body: &[u8], bp: &BlockPtr) -> [u8; 32] {
+    let d = bp.dvas[0];
+    let mut h = blake3::Hasher::new();
+    h.update(&body[..480]);
+    h.update(&d.vdev.to_le_bytes());
+    h.update(&d.offset.to_le_bytes());
+    h.update(&bp.birth_txg.to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// Gang header (512 bytes): magic "TANKGANG", count u32, header version u32 (1), 3 block
+/// pointers, zero padding to 480, the seal of [`gang_seal`] for the pointer `bp` whose DVAs
+/// hold it.
+fn encode_gang(children: &[BlockPtr], bp: &BlockPtr) -> Vec<u8> {
     assert!(children.len() <= GANG_CHILDREN);
     let mut b = vec![0u8; GANG_HEADER_SIZE];
     b[..8].copy_from_slice(GANG_MAGIC);
     b[8..12].copy_from_slice(&(children.len() as u32).to_le_bytes());
+    b[12..16].copy_from_slice(&GANG_SEALED.to_le_bytes());
     for (i, c) in children.iter().enumerate() {
         b[16 + i * 128..16 + (i + 1) * 128].copy_from_slice(&c.encode());
     }
-    let sum = blake3::hash(&b[..480]);
-    b[480..].copy_from_slice(sum.as_bytes());
+    let seal = gang_seal(&b, bp);
+    b[480..].copy_from_slice(&seal);
     b
 }
 
-fn gang_verify(buf: &[u8]) -> bool {
-    buf.len() >= GANG_HEADER_SIZE
-        && buf[GANG_HEADER_SIZE..].iter().all(|&b| b == 0)
-        && decode_gang(buf).is_ok()
+/// A gang header as read: its pieces, and whether it was sealed to the pointer (version 1)
+/// or only checked itself (version 0, whose pieces must be proven by the assembled data).
+#[derive(Debug, PartialEq, Eq)]
+struct GangHeader {
+    pieces: Vec<BlockPtr>,
+    sealed: bool,
 }
 
-fn decode_gang(b: &[u8]) -> Result<Vec<BlockPtr>, BlockError> {
+fn gang_verify(buf: &[u8], bp: &BlockPtr) -> bool {
+    buf.len() >= GANG_HEADER_SIZE
+        && buf[GANG_HEADER_SIZE..].iter().all(|&b| b == 0)
+        && decode_gang(buf, bp).is_ok()
+}
+
+/// Decodes the gang header `b` that `bp`'s DVAs hold: Err unless it is sealed to `bp` (or a
+/// self-consistent version 0 header) and its pieces are a sound split of `bp`: 2 or 3 of
+/// them, born in the same txg, each smaller than the block and together exactly its size
+/// (so a chain of nested gang headers always ends, whatever the device holds).
+fn decode_gang(b: &[u8], bp: &BlockPtr) -> Result<GangHeader, BlockError> {
+    let bad =
+        |what: String| BlockError::Decode(format!("gang header of {}: {what}", bp.describe()));
     if b.len() < GANG_HEADER_SIZE || &b[..8] != GANG_MAGIC {
-        return Err(BlockError::Decode("gang header: bad magic".into()));
+        return Err(bad("bad magic".into()));
     }
-    if blake3::hash(&b[..480]).as_bytes() != &b[480..512] {
-        return Err(BlockError::Decode("gang header: checksum mismatch".into()));
+    let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let sealed = match word(12) {
+        0 => {
+            if blake3::hash(&b[..480]).as_bytes() != &b[480..512] {
+                return Err(bad("checksum mismatch".into()));
+            }
+            false
+        }
+        GANG_SEALED => {
+            if gang_seal(b, bp) != b[480..512] {
+                return Err(bad(
+                    "not sealed to this pointer (stale, misdirected or damaged)".into(),
+                ));
+            }
+            true
+        }
+        v => return Err(bad(format!("unknown header version {v}"))),
+    };
+    let n = word(8) as usize;
+    if !(2..=GANG_CHILDREN).contains(&n) {
+        return Err(bad(format!("{n} pieces")));
     }
-    let n = u32::from_le_bytes(b[8..12].try_into().expect("4")) as usize;
-    if n == 0 || n > GANG_CHILDREN {
-        return Err(BlockError::Decode(format!("gang header: {n} pieces")));
-    }
-    (0..n)
+    let pieces = (0..n)
         .map(|i| {
             BlockPtr::decode(&b[16 + i * 128..16 + (i + 1) * 128])?
-                .ok_or_else(|| BlockError::Decode("gang header: hole piece".into()))
+                .ok_or_else(|| bad("hole piece".into()))
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    let total: u64 = pieces.iter().map(|p| u64::from(p.psize)).sum();
+    if total != u64::from(bp.psize)
+        || pieces
+            .iter()
+            .any(|p| p.psize == 0 || p.psize >= bp.psize || p.birth_txg != bp.birth_txg)
+    {
+        return Err(bad("pieces do not split the block".into()));
+    }
+    Ok(GangHeader { pieces, sealed })
 }
 
 pub struct BlockStore {
     vdevs: RwLock<Vec<Option<Arc<TopVdev>>>>,
     pub alloc: Mutex<SpaceAllocator>,
     stats: Mutex<ReadStats>,
+    /// Blocks larger than this many bytes are ganged even when an extent would fit them
+    /// (0: off). A test knob, as ZFS's metaslab_force_ganging, to put gang blocks through the
+    /// crash, scrub, resilver and corruption tests.
+    force_gang: AtomicUsize,
+    /// Gang headers written.
+    gang_writes: AtomicU64,
 }
 
 impl std::fmt::Debug for BlockStore {
@@ -158,7 +224,22 @@ impl BlockStore {
             vdevs: RwLock::new(vdevs),
             alloc: Mutex::new(alloc),
             stats: Mutex::new(ReadStats::default()),
+            force_gang: AtomicUsize::new(0),
+            gang_writes: AtomicU64::new(0),
         }
+    }
+
+    /// Gang headers this store has written (blocks split for want of a large enough extent,
+    /// or forced by [`Self::set_force_ganging`]).
+    pub fn gang_writes(&self) -> u64 {
+        self.gang_writes.load(Ordering::Relaxed)
+    }
+
+    /// Gangs every block larger than `above` bytes (at least 4 KiB), or stops doing so
+    /// (`None`); see the field `force_gang`.
+    pub fn set_force_ganging(&self, above: Option<usize>) {
+        let v = above.map_or(0, |a| a.max(GANG_MIN_PIECE));
+        self.force_gang.store(v, Ordering::Relaxed);
     }
 
     pub fn vdev(&self, id: u32) -> Result<Arc<TopVdev>, BlockError> {
@@ -257,9 +338,16 @@ impl BlockStore {
             checksum,
             gang: false,
         };
-        match self.allocate_and_queue(physical, props, txg, batch) {
+        let forced = self.force_gang.load(Ordering::Relaxed);
+        let gang = if forced > 0 && physical.len() > forced {
+            Err(BlockError::NoSpace)
+        } else {
+            self.allocate(physical.len(), props, txg)
+        };
+        match gang {
             Ok(dvas) => {
                 bp.dvas = dvas;
+                self.queue_copies(&dvas, physical, batch)?;
                 Ok(bp)
             }
             Err(BlockError::NoSpace) if physical.len() > GANG_MIN_PIECE => {
@@ -279,15 +367,18 @@ impl BlockStore {
                         }
                     }
                 }
-                let header = encode_gang(&children);
                 let header_props = WriteProps {
                     class: AllocClass::Metadata,
                     ..*props
                 };
-                match self.allocate_and_queue(&header, &header_props, txg, batch) {
+                // The header's DVAs are known before it is encoded: its seal names the first.
+                match self.allocate(GANG_HEADER_SIZE, &header_props, txg) {
                     Ok(dvas) => {
                         bp.dvas = dvas;
                         bp.gang = true;
+                        let header = encode_gang(&children, &bp);
+                        self.queue_copies(&dvas, &header, batch)?;
+                        self.gang_writes.fetch_add(1, Ordering::Relaxed);
                         Ok(bp)
                     }
                     Err(e) => {
@@ -311,12 +402,12 @@ impl BlockStore {
         Ok(())
     }
 
-    fn allocate_and_queue(
+    /// Allocates one DVA per copy for `len` physical bytes.
+    fn allocate(
         &self,
-        physical: &[u8],
+        len: usize,
         props: &WriteProps,
         txg: u64,
-        batch: &Arc<IoBatch>,
     ) -> Result<[Dva; MAX_DVAS], BlockError> {
         let copies = usize::from(props.copies.clamp(1, MAX_DVAS as u8));
         let vdevs = self.vdevs();
@@ -324,33 +415,41 @@ impl BlockStore {
             vdevs
                 .iter()
                 .find(|v| v.id == id)
-                .map(|v| v.asize(physical.len() as u64))
+                .map(|v| v.asize(len as u64))
                 .unwrap_or(u64::MAX / 4)
         };
         let mut dvas = [Dva::default(); MAX_DVAS];
-        {
-            let mut alloc = self.alloc.lock();
-            let mut used: Vec<u32> = Vec::new();
-            for i in 0..copies {
-                match alloc.alloc(&asize_of, &used, props.class, txg) {
-                    Ok((vdev, offset, asize)) => {
-                        dvas[i] = Dva {
-                            vdev,
-                            asize,
-                            offset,
-                        };
-                        used.push(vdev);
+        let mut alloc = self.alloc.lock();
+        let mut used: Vec<u32> = Vec::new();
+        for i in 0..copies {
+            match alloc.alloc(&asize_of, &used, props.class, txg) {
+                Ok((vdev, offset, asize)) => {
+                    dvas[i] = Dva {
+                        vdev,
+                        asize,
+                        offset,
+                    };
+                    used.push(vdev);
+                }
+                Err(e) => {
+                    // Give back what this block took (never written, never referenced).
+                    for d in dvas.iter().take(i) {
+                        alloc.undo_alloc(d.vdev, d.offset, d.asize)?;
                     }
-                    Err(e) => {
-                        // Give back what this block took (never written, never referenced).
-                        for d in dvas.iter().take(i) {
-                            alloc.undo_alloc(d.vdev, d.offset, d.asize)?;
-                        }
-                        return Err(e);
-                    }
+                    return Err(e);
                 }
             }
         }
+        Ok(dvas)
+    }
+
+    /// Queues `physical`, padded with zeros to whole sectors, at every DVA.
+    fn queue_copies(
+        &self,
+        dvas: &[Dva; MAX_DVAS],
+        physical: &[u8],
+        batch: &Arc<IoBatch>,
+    ) -> Result<(), BlockError> {
         for dva in dvas.iter().filter(|d| !d.is_empty()) {
             let vdev = self.vdev(dva.vdev)?;
             let rounded = vdev.round(physical.len() as u64) as usize;
@@ -358,7 +457,7 @@ impl BlockStore {
             buf.resize(rounded, 0);
             vdev.write(dva.offset, &buf, batch)?;
         }
-        Ok(dvas)
+        Ok(())
     }
 
     /// True when every top-level vdev can still be read in full (after a write batch).
@@ -383,16 +482,8 @@ impl BlockStore {
     pub fn read_physical(&self, bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
         let psize = bp.psize as usize;
         if bp.gang {
-            let header = self.read_dvas(bp, GANG_HEADER_SIZE, &gang_verify)?;
-            let children = decode_gang(&header)?;
-            let mut out = Vec::with_capacity(psize);
-            for c in &children {
-                out.extend_from_slice(&self.read_physical(c)?);
-            }
-            if out.len() != psize || bp.checksum_kind.compute(&out) != bp.checksum {
-                return Err(BlockError::Checksum { bp: bp.describe() });
-            }
-            return Ok(out);
+            let (_, data) = self.read_gang(bp, true)?;
+            return data.ok_or_else(|| BlockError::Checksum { bp: bp.describe() });
         }
         // The sector padding after `psize` was written as zeros and must read back so:
         // otherwise rotted padding would leak into reconstructed parity.
@@ -406,6 +497,46 @@ impl BlockStore {
         Ok(buf)
     }
 
+    /// Reads a gang block's header from the first copy that verifies as this pointer's, then
+    /// (with `data`, or always for a version 0 header, whose pieces only the assembled data
+    /// can prove) reads its pieces and checks them against the pointer's checksum. A copy
+    /// whose pieces fail is passed over for the next one.
+    fn read_gang(
+        &self,
+        bp: &BlockPtr,
+        data: bool,
+    ) -> Result<(Vec<BlockPtr>, Option<Vec<u8>>), BlockError> {
+        let psize = bp.psize as usize;
+        let verify = |buf: &[u8]| gang_verify(buf, bp);
+        let (_, out) = self.read_dvas_then(bp, GANG_HEADER_SIZE, &verify, |raw| {
+            let header = decode_gang(raw, bp)?;
+            if header.sealed && !data {
+                return Ok((header.pieces, None));
+            }
+            let mut out = Vec::with_capacity(psize);
+            for c in &header.pieces {
+                out.extend_from_slice(&self.read_physical(c)?);
+            }
+            if out.len() != psize || bp.checksum_kind.compute(&out) != bp.checksum {
+                return Err(BlockError::Checksum { bp: bp.describe() });
+            }
+            Ok((header.pieces, Some(out)))
+        })?;
+        Ok(out)
+    }
+
+    /// The pieces a gang block's header lists, once the header is proven to be this
+    /// pointer's; Err for a block that is not ganged.
+    pub fn gang_pieces(&self, bp: &BlockPtr) -> Result<Vec<BlockPtr>, BlockError> {
+        if !bp.gang {
+            return Err(BlockError::Decode(format!(
+                "{} is not a gang block",
+                bp.describe()
+            )));
+        }
+        Ok(self.read_gang(bp, false)?.0)
+    }
+
     /// Reads `len` bytes from the first DVA that verifies; rewrites the copies that failed.
     fn read_dvas(
         &self,
@@ -413,8 +544,21 @@ impl BlockStore {
         len: usize,
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<Vec<u8>, BlockError> {
+        Ok(self.read_dvas_then(bp, len, verify, |_| Ok(()))?.0)
+    }
+
+    /// As [`Self::read_dvas`], but a copy that verifies must also pass `accept`, or the next
+    /// copy is tried; returns the copy's bytes and what `accept` made of them.
+    fn read_dvas_then<T>(
+        &self,
+        bp: &BlockPtr,
+        len: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+        mut accept: impl FnMut(&[u8]) -> Result<T, BlockError>,
+    ) -> Result<(Vec<u8>, T), BlockError> {
         let mut failed: Vec<Dva> = Vec::new();
-        let mut good: Option<Vec<u8>> = None;
+        let mut good: Option<(Vec<u8>, T)> = None;
+        let mut refused: Option<BlockError> = None;
         for dva in bp.dvas() {
             let Ok(vdev) = self.vdev(dva.vdev) else {
                 failed.push(*dva);
@@ -430,14 +574,20 @@ impl BlockStore {
                     if report.repaired > 0 {
                         self.stats.lock().healed_in_vdev += 1;
                     }
-                    good = Some(buf);
-                    break;
+                    match accept(&buf) {
+                        Ok(t) => {
+                            good = Some((buf, t));
+                            break;
+                        }
+                        // Verified but unusable: not rewritten, the next copy is tried.
+                        Err(e) => refused = Some(e),
+                    }
                 }
                 Err(_) => failed.push(*dva),
             }
         }
-        let Some(buf) = good else {
-            return Err(BlockError::Checksum { bp: bp.describe() });
+        let Some((buf, t)) = good else {
+            return Err(refused.unwrap_or_else(|| BlockError::Checksum { bp: bp.describe() }));
         };
         // Rewrite copies that could not be read, in place: their space is this block's.
         let bad: Vec<Dva> = failed
@@ -456,7 +606,7 @@ impl BlockStore {
                 self.stats.lock().healed_copies += bad.len() as u64;
             }
         }
-        Ok(buf)
+        Ok((buf, t))
     }
 
     /// Scrubs a block: reads and verifies every copy (every DVA; every side of a mirror; every
@@ -468,10 +618,12 @@ impl BlockStore {
     pub fn scrub(&self, bp: &BlockPtr) -> (ScrubOutcome, Option<Vec<u8>>) {
         let psize = bp.psize as usize;
         if bp.gang {
-            let (mut out, header) = self.scrub_dvas(bp, GANG_HEADER_SIZE, &gang_verify);
-            let Some(children) = header.and_then(|h| decode_gang(&h).ok()) else {
+            let verify = |buf: &[u8]| gang_verify(buf, bp);
+            let (mut out, header) = self.scrub_dvas(bp, GANG_HEADER_SIZE, &verify);
+            let Some(children) = header.and_then(|h| decode_gang(&h, bp).ok()) else {
                 return (out, None);
             };
+            let children = children.pieces;
             let mut data = Some(Vec::with_capacity(psize));
             for c in &children {
                 let (o, piece) = self.scrub(c);
@@ -620,9 +772,15 @@ impl BlockStore {
     /// pieces are found through its header.
     pub fn free(&self, bp: &BlockPtr, txg: u64) -> Result<(), BlockError> {
         if bp.gang {
-            let header = self.read_dvas(bp, GANG_HEADER_SIZE, &gang_verify)?;
-            for c in decode_gang(&header)? {
-                self.free(&c, txg)?;
+            // Only pieces of a header proven to be this pointer's are freed. When no copy of
+            // the header can be read, the pieces leak (as ZFS does) rather than fail the txg.
+            match self.read_gang(bp, false) {
+                Ok((pieces, _)) => {
+                    for c in pieces {
+                        self.free(&c, txg)?;
+                    }
+                }
+                Err(_) => self.stats.lock().leaked_gangs += 1,
             }
         }
         let mut alloc = self.alloc.lock();
@@ -642,8 +800,7 @@ impl BlockStore {
             }
         }
         if bp.gang {
-            let header = self.read_dvas(bp, GANG_HEADER_SIZE, &gang_verify)?;
-            for c in decode_gang(&header)? {
+            for c in self.read_gang(bp, false)?.0 {
                 self.claim(&c, txg)?;
             }
         }
@@ -687,19 +844,19 @@ mod tests {
             if b.len() >= 8 {
                 b[..8].copy_from_slice(GANG_MAGIC);
             }
-            let _ = decode_gang(&b);
-            let _ = gang_verify(&raw);
+            let bp = piece(8192, 3);
+            let _ = decode_gang(&b, &bp);
+            let _ = gang_verify(&raw, &bp);
         }
     }
 
-    #[test]
-    fn gang_header_round_trip_and_tamper() {
-        let child = BlockPtr {
+    fn piece(size: u32, offset: u64) -> BlockPtr {
+        BlockPtr {
             dvas: [
                 Dva {
                     vdev: 0,
-                    asize: 8192,
-                    offset: 4096,
+                    asize: u64::from(size),
+                    offset,
                 },
                 Dva::default(),
                 Dva::default(),
@@ -708,20 +865,155 @@ mod tests {
             level: 0,
             checksum_kind: ChecksumKind::Blake3,
             compression: Compression::Off,
-            lsize: 8192,
-            psize: 8192,
+            lsize: size,
+            psize: size,
             birth_txg: 3,
             fill: 1,
             checksum: [1; 32],
             gang: false,
+        }
+    }
+
+    #[test]
+    fn gang_header_round_trip_and_tamper() {
+        let child = piece(8192, 4096);
+        let owner = BlockPtr {
+            gang: true,
+            lsize: 16384,
+            psize: 16384,
+            ..piece(512, 1 << 20)
         };
-        let raw = encode_gang(&[child, child]);
-        assert_eq!(decode_gang(&raw).unwrap(), vec![child, child]);
+        let raw = encode_gang(&[child, child], &owner);
+        let header = decode_gang(&raw, &owner).unwrap();
+        assert_eq!(header.pieces, vec![child, child]);
+        assert!(header.sealed);
         let mut bad = raw.clone();
         bad[40] ^= 1;
-        assert!(
-            decode_gang(&bad).is_err(),
-            "a changed piece pointer must fail the header checksum"
+        let err = decode_gang(&bad, &owner).unwrap_err().to_string();
+        assert!(err.contains("not sealed to this pointer"), "{err}");
+        // The same bytes read through another pointer: moved, or born in another txg.
+        for other in [
+            BlockPtr {
+                birth_txg: 4,
+                ..owner
+            },
+            BlockPtr {
+                dvas: [
+                    Dva {
+                        offset: 2 << 20,
+                        ..owner.dvas[0]
+                    },
+                    Dva::default(),
+                    Dva::default(),
+                ],
+                ..owner
+            },
+        ] {
+            let err = decode_gang(&raw, &other).unwrap_err().to_string();
+            assert!(err.contains("not sealed to this pointer"), "{err}");
+        }
+        // Pieces that do not add up to the block, or as large as it, are refused even when
+        // sealed: a nested chain must shrink at every level.
+        let short = BlockPtr {
+            psize: 20000,
+            ..owner
+        };
+        let err = decode_gang(&encode_gang(&[child, child], &short), &short).unwrap_err();
+        assert!(err.to_string().contains("do not split the block"), "{err}");
+        let whole = BlockPtr {
+            psize: 8192,
+            ..owner
+        };
+        let err = decode_gang(&encode_gang(&[child], &whole), &whole).unwrap_err();
+        assert!(err.to_string().contains("1 pieces"), "{err}");
+    }
+
+    fn data_props(copies: u8) -> WriteProps {
+        WriteProps {
+            kind: BlockKind::Data,
+            level: 0,
+            checksum: ChecksumKind::Blake3,
+            compression: Compression::Off,
+            copies,
+            class: AllocClass::Metadata,
+        }
+    }
+
+    fn pattern(len: u32, salt: u32) -> Vec<u8> {
+        (0..len).map(|i| ((i * 7919 + salt) >> 5) as u8).collect()
+    }
+
+    #[test]
+    fn a_header_read_through_a_stale_pointer_frees_nothing() {
+        let bs = store();
+        bs.set_force_ganging(Some(8192));
+        let data = pattern(65536, 1);
+        let batch = IoBatch::new();
+        let bp = bs.write(&data, &data_props(1), 20, 1, &batch).unwrap();
+        assert!(batch.wait().is_empty());
+        assert!(bp.gang);
+        let pieces = bs.gang_pieces(&bp).unwrap();
+        assert_eq!(pieces.len(), 3);
+        let allocated = bs.alloc.lock().free_bytes();
+        // The same DVAs as a pointer of another txg (a stale pointer to since-reused space):
+        // the header is not its, nothing is read and no piece is freed.
+        let stale = BlockPtr {
+            birth_txg: 19,
+            ..bp
+        };
+        assert!(bs.read(&stale).is_err());
+        bs.free(&stale, 21).unwrap();
+        bs.alloc.lock().begin_txg(21 + crate::DEFER_TXGS).unwrap();
+        let header_asize: u64 = bp.dvas().map(|d| d.asize).sum();
+        assert_eq!(
+            bs.alloc.lock().free_bytes(),
+            allocated + header_asize,
+            "only the stale pointer's own DVAs were freed, not the pieces its header names"
+        );
+        assert_eq!(bs.read_stats().leaked_gangs, 1);
+        for p in &pieces {
+            assert!(bs.read(p).is_ok(), "a live piece survived");
+        }
+    }
+
+    #[test]
+    fn a_header_copy_whose_pieces_fail_gives_way_to_the_next() {
+        let bs = store();
+        bs.set_force_ganging(Some(8192));
+        let data = pattern(65536, 2);
+        let batch = IoBatch::new();
+        let bp = bs.write(&data, &data_props(2), 30, 1, &batch).unwrap();
+        assert!(batch.wait().is_empty());
+        assert_eq!(bp.copies(), 2);
+        // The first copy becomes a self-consistent version 0 header listing other pieces of
+        // the right sizes: it verifies, but the assembled data does not.
+        let pieces = bs.gang_pieces(&bp).unwrap();
+        let decoys: Vec<BlockPtr> = pieces
+            .iter()
+            .map(|p| BlockPtr {
+                checksum: [9; 32],
+                ..*p
+            })
+            .collect();
+        let mut legacy = vec![0u8; GANG_HEADER_SIZE];
+        legacy[..8].copy_from_slice(GANG_MAGIC);
+        legacy[8..12].copy_from_slice(&(decoys.len() as u32).to_le_bytes());
+        for (i, c) in decoys.iter().enumerate() {
+            legacy[16 + i * 128..16 + (i + 1) * 128].copy_from_slice(&c.encode());
+        }
+        let sum = blake3::hash(&legacy[..480]);
+        legacy[480..].copy_from_slice(sum.as_bytes());
+        let vdev = bs.vdev(0).unwrap();
+        let b = IoBatch::new();
+        let mut sector = legacy.clone();
+        sector.resize(vdev.round(legacy.len() as u64) as usize, 0);
+        vdev.write(bp.dvas[0].offset, &sector, &b).unwrap();
+        assert!(b.wait().is_empty());
+        assert!(decode_gang(&legacy, &bp).is_ok_and(|h| !h.sealed));
+        assert_eq!(
+            bs.read(&bp).unwrap(),
+            data,
+            "the second header copy was used"
         );
     }
 

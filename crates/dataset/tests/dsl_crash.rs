@@ -406,6 +406,20 @@ fn crash_at_every_write_and_flush_across_sync_tasks() {
     check_cuts(seed(0xd5c0_0001), 1, |_| vec![CrashMode::DropUnflushed]);
 }
 
+/// The sync tasks' cuts on raidz2, with every block above 8 KiB a gang block.
+#[test]
+fn crash_across_sync_tasks_on_raidz2_with_gang_blocks() {
+    on_raidz2_with_gang_blocks(|| {
+        check_cuts(seed(0xd5c0_0003), 7, |i| {
+            let mut modes = vec![CrashMode::DropUnflushed];
+            if i % 4 == 0 {
+                modes.push(CrashMode::KeepRandomSubset { seed: i });
+            }
+            modes
+        })
+    });
+}
+
 #[test]
 fn crash_with_reordered_and_torn_unflushed_writes_across_sync_tasks() {
     check_cuts(seed(0xd5c0_0002), 3, |i| {

@@ -27,8 +27,10 @@ const DEV_SIZE: u64 = 64 << 20;
 const LOG_SIZE: u64 = 64 << 20;
 
 fn log_pool(fleet: &SimFleet, slog: bool) -> (Vec<SimDevice>, Arc<Pool>, Arc<ObjectStore>) {
-    let mut devs = vec![fleet.device("d0", DEV_SIZE), fleet.device("d1", DEV_SIZE)];
-    let mut text = "mirror d0 d1".to_string();
+    let (n, size) = sim_devices(2, DEV_SIZE);
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    let mut devs: Vec<SimDevice> = names.iter().map(|d| fleet.device(d, size)).collect();
+    let mut text = sim_layout(&names);
     if slog {
         devs.push(fleet.device("s0", LOG_SIZE));
         text.push_str(" log s0");
@@ -44,6 +46,7 @@ fn log_pool(fleet: &SimFleet, slog: bool) -> (Vec<SimDevice>, Arc<Pool>, Arc<Obj
     };
     let (pool, _) = Pool::create("zil", &spec(&text), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
+    gang_knob(&store);
     (devs, pool, store)
 }
 
@@ -165,6 +168,11 @@ fn run(seed: u64, slog: bool, crash_at: Option<u64>) -> (SimFleet, Outcome, tank
     let stats = pool.zil.stats();
     drop(store);
     // No export: the process dies with the pool imported (txgs commit only when asked).
+    // After the cut nothing reaches the devices, so a shutdown there changes no image; it
+    // stops the pool's threads, which a dropped pool would keep.
+    if crash_at.is_some() {
+        let _ = pool.shutdown();
+    }
     drop(pool);
     (fleet, Outcome { model, acked, ops }, stats)
 }
@@ -213,6 +221,9 @@ fn check(seed: u64, slog: bool, k: u64, mode: CrashMode) {
         out.acked,
         content.as_ref().map(Vec::len)
     );
+    // Every allocated byte is reached from the pool, and every reached one is allocated.
+    store.sync().unwrap_or_else(|e| panic!("{ctx}: sync: {e}"));
+    posix_common::dsl::store_usage(&pool, &store).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     // Writable afterwards, and its own fsyncs hold across another import.
     let root = Cred::root();
     let g = fs
@@ -262,6 +273,13 @@ fn fsync_survives_a_crash_at_every_write_with_a_log_device() {
 #[test]
 fn fsync_survives_a_crash_at_every_write_with_the_log_in_the_pool() {
     every_cut(seed(0x2170_0002), false);
+}
+
+/// The log in a raidz2 pool, with every block above 8 KiB a gang block (the large writes
+/// the log points at included).
+#[test]
+fn fsync_survives_a_crash_at_every_write_on_raidz2_with_gang_blocks() {
+    on_raidz2_with_gang_blocks(|| every_cut(seed(0x2170_0004), false));
 }
 
 #[test]

@@ -16,6 +16,19 @@ const DEV: u64 = 64 << 20;
 
 #[test]
 fn bit_rot_on_parity_children_is_repaired_and_counted() {
+    bit_rot_on_parity_children_is_repaired_and_counted_body();
+}
+
+/// The same with gang blocks: every block above 8 KiB is a header and its pieces.
+#[test]
+fn bit_rot_on_parity_children_is_repaired_and_counted_with_gang_blocks() {
+    with_gang_blocks(
+        8192,
+        bit_rot_on_parity_children_is_repaired_and_counted_body,
+    );
+}
+
+fn bit_rot_on_parity_children_is_repaired_and_counted_body() {
     for (layout, n, bad) in [
         ("raidz2", 7, vec![1usize, 4]),
         ("raidz1", 5, vec![2]),
@@ -102,6 +115,16 @@ fn damage_beyond_parity_is_an_error_never_wrong_data() {
 
 #[test]
 fn misdirected_and_lost_writes_on_parity_children() {
+    misdirected_and_lost_writes_on_parity_children_body();
+}
+
+/// The same with gang blocks: every block above 8 KiB is a header and its pieces.
+#[test]
+fn misdirected_and_lost_writes_on_parity_children_with_gang_blocks() {
+    with_gang_blocks(8192, misdirected_and_lost_writes_on_parity_children_body);
+}
+
+fn misdirected_and_lost_writes_on_parity_children_body() {
     let fleet = SimFleet::new(13);
     let (devs, pool, store) = sim_pool(&fleet, "raidz2", 7, DEV);
     for d in [&devs[2], &devs[5]] {
@@ -265,6 +288,16 @@ fn unrepairable_write_failure_suspends_the_pool() {
 
 #[test]
 fn full_pool_gives_no_space_and_stays_usable() {
+    full_pool_gives_no_space_and_stays_usable_body();
+}
+
+/// The same with gang blocks: every block above 8 KiB is a header and its pieces.
+#[test]
+fn full_pool_gives_no_space_and_stays_usable_with_gang_blocks() {
+    with_gang_blocks(8192, full_pool_gives_no_space_and_stays_usable_body);
+}
+
+fn full_pool_gives_no_space_and_stays_usable_body() {
     let fleet = SimFleet::new(19);
     let (_devs, pool, store) = sim_pool(&fleet, "", 1, DEV);
     let os = store.objset(ROOT_OBJSET).unwrap();

@@ -124,6 +124,24 @@ fn crash_at_every_write_and_flush() {
     eprintln!("checked {} cut points", n + 1);
 }
 
+/// Every cut again with gang blocks: each block above 8 KiB is a header and its pieces, so a
+/// cut can fall between a piece and its header, or between a header and its pointer.
+#[test]
+fn crash_at_every_write_and_flush_with_gang_blocks() {
+    with_gang_blocks(8192, || {
+        let seed = 0x7a4b_0003;
+        let (_, full) = run(seed, None);
+        let n = full.ops_after_create;
+        for k in 0..=n {
+            check(seed, k, CrashMode::DropUnflushed);
+        }
+        for k in (0..=n).step_by(5) {
+            check(seed, k, CrashMode::KeepRandomSubset { seed: k });
+        }
+        eprintln!("checked {} cut points with gang blocks", n + 1);
+    });
+}
+
 #[test]
 fn crash_with_reordered_and_torn_unflushed_writes() {
     let seed = 0x7a4b_0002;

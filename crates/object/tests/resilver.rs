@@ -37,9 +37,22 @@ fn verify_without(devs: &[tank_device::SimDevice], gone: &[usize], model: &Model
 
 #[test]
 fn offline_device_gets_only_the_txgs_it_missed_and_is_verified() {
+    offline_device_gets_only_the_txgs_it_missed_and_is_verified_body();
+}
+
+/// The same with gang blocks: every block above 8 KiB is a header and its pieces.
+#[test]
+fn offline_device_gets_only_the_txgs_it_missed_and_is_verified_with_gang_blocks() {
+    with_gang_blocks(
+        8192,
+        offline_device_gets_only_the_txgs_it_missed_and_is_verified_body,
+    );
+}
+
+fn offline_device_gets_only_the_txgs_it_missed_and_is_verified_body() {
     let fleet = SimFleet::new(31);
     let (devs, pool, store) = sim_pool(&fleet, "raidz2", 6, DEV);
-    let mut model = populate(&store, 3, 40);
+    let mut model = populate(&store, 4, 40);
     // Offlining beyond the redundancy is refused.
     pool.offline("d1", false).unwrap();
     pool.offline("d2", true).unwrap();
@@ -417,6 +430,19 @@ fn attach_makes_a_mirror_and_detach_refuses_to_drop_the_last_valid_copy() {
 
 #[test]
 fn seeded_faults_during_scrub_and_resilver_lose_nothing() {
+    seeded_faults_during_scrub_and_resilver_lose_nothing_body();
+}
+
+/// The same with gang blocks: every block above 8 KiB is a header and its pieces.
+#[test]
+fn seeded_faults_during_scrub_and_resilver_lose_nothing_with_gang_blocks() {
+    with_gang_blocks(
+        8192,
+        seeded_faults_during_scrub_and_resilver_lose_nothing_body,
+    );
+}
+
+fn seeded_faults_during_scrub_and_resilver_lose_nothing_body() {
     use std::sync::Arc;
     use tank_device::FaultConfig;
     let fleet = SimFleet::new(38);

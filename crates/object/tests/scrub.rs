@@ -25,6 +25,19 @@ fn scrub(store: &Arc<ObjectStore>) -> ScanStatus {
 
 #[test]
 fn scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing() {
+    scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing_body();
+}
+
+/// The same with gang blocks: every block above 8 KiB is a header and its pieces.
+#[test]
+fn scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing_with_gang_blocks() {
+    with_gang_blocks(
+        8192,
+        scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing_body,
+    );
+}
+
+fn scrub_repairs_every_copy_and_parity_and_a_second_scrub_finds_nothing_body() {
     for (layout, n, bad, pull) in [
         ("raidz2", 7, vec![1usize, 4], vec![0usize, 6]),
         ("raidz1", 5, vec![2], vec![0]),
@@ -161,6 +174,19 @@ fn wait_progress(store: &ObjectStore) -> ScanStatus {
 
 #[test]
 fn scrub_pauses_resumes_and_survives_export_and_a_crash() {
+    scrub_pauses_resumes_and_survives_export_and_a_crash_body();
+}
+
+/// The same with gang blocks: every block above 8 KiB is a header and its pieces.
+#[test]
+fn scrub_pauses_resumes_and_survives_export_and_a_crash_with_gang_blocks() {
+    with_gang_blocks(
+        8192,
+        scrub_pauses_resumes_and_survives_export_and_a_crash_body,
+    );
+}
+
+fn scrub_pauses_resumes_and_survives_export_and_a_crash_body() {
     let fleet = SimFleet::new(23);
     let (devs, pool, store) = sim_pool(&fleet, "raidz2", 6, DEV);
     let model = populate(&store, 11, 60);

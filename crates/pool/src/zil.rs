@@ -623,11 +623,27 @@ impl IntentLog {
         if !errors.is_empty() || !flush_errors.is_empty() {
             let mut st = self.state.lock();
             st.stats.write_errors += (errors.len() + flush_errors.len()) as u64;
-            if !vdev.readable() {
-                // The blocks may be gone: the caller waits for a txg that holds the changes;
-                // the ring moves once nothing is live.
+            // The blocks are on stable storage only if the leaves whose write or flush failed,
+            // with those not in use, are no more than the vdev's redundancy (a mirror needs
+            // one side written and flushed, RAID-Z all but `parity` children). Otherwise the
+            // commit is not acknowledged: the caller waits for a txg that holds the changes,
+            // and the ring moves once nothing is live.
+            let mut failed: Vec<*const tank_vdev::Leaf> = errors
+                .iter()
+                .chain(&flush_errors)
+                .map(|(l, _)| Arc::as_ptr(l))
+                .chain(
+                    vdev.leaves
+                        .iter()
+                        .filter(|l| !l.is_usable())
+                        .map(Arc::as_ptr),
+                )
+                .collect();
+            failed.sort();
+            failed.dedup();
+            if failed.len() > vdev.redundancy() {
                 st.broken = true;
-                if Some(ring) != st.pool_region {
+                if !vdev.readable() && Some(ring) != st.pool_region {
                     st.failed.push(ring.vdev);
                 }
                 return Err(LogError::Io(
@@ -679,9 +695,11 @@ impl IntentLog {
 
 /// Reads the log block that must be sequence `seq` at `offset` of `t`. The end of a chain
 /// is always a block that does not verify (stale or never written), so this does not go
-/// through the healing read, which would count it as a checksum error: each side of a
-/// mirror is read until one verifies; RAID-Z's fast path is tried, and the healing read
-/// only when the block is ours but damaged (its header names this chain and sequence).
+/// through a mirror's healing read, which would count it as a checksum error: each side is
+/// read until one verifies. RAID-Z's fast path (the data columns) is tried first, then the
+/// reconstruction from parity, which counts and heals only when a combination verifies as
+/// this chain's block: a block whose data column was lost (a crash during the commit's
+/// flushes, with the rest within the parity) is still found.
 fn read_block(t: &TopVdev, offset: u64, size: u32, guid: u64, seq: u64) -> Option<Block> {
     let len = u64::from(size);
     match t.layout {
@@ -693,20 +711,8 @@ fn read_block(t: &TopVdev, offset: u64, size: u32, guid: u64, seq: u64) -> Optio
         }
         _ => {
             let fast = t.submit_read(offset, len, 0)?;
-            let ours = std::cell::Cell::new(false);
-            if let Some(b) = t.finish_read(fast, &|b| {
-                ours.set(
-                    b.len() >= 32
-                        && &b[0..8] == LOG_MAGIC
-                        && b[16..24] == guid.to_le_bytes()
-                        && b[24..32] == seq.to_le_bytes(),
-                );
-                Block::decode(b, guid, seq).is_some()
-            }) {
+            if let Some(b) = t.finish_read(fast, &|b| Block::decode(b, guid, seq).is_some()) {
                 return Block::decode(&b, guid, seq);
-            }
-            if !ours.get() {
-                return None;
             }
             let (b, _) = t
                 .read(offset, len, 0, &|b| Block::decode(b, guid, seq).is_some())

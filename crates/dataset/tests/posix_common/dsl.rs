@@ -488,16 +488,44 @@ pub struct PoolUsage {
 /// Accounts for every allocated byte of the pool (see the module documentation); Err when
 /// the allocator holds more or less than the pool reaches. The pool must be synced.
 pub fn pool_usage(pool: &Pool, store: &ObjectStore, dsl: &Dsl) -> Result<PoolUsage, String> {
-    let mut seen: HashSet<(u32, u64)> = HashSet::new();
-    let mut add = |bp: &BlockPtr| -> Result<u64, String> {
-        if bp.gang {
-            return Err("a gang block (its pieces cannot be accounted here)".into());
+    let mut snapshots = Vec::new();
+    for id in dsl.all_ids() {
+        if dsl.record(id).map_err(|e| e.to_string())?.kind == DatasetKind::Snapshot {
+            snapshots.push(dsl.snapshot_objset(id).map_err(|e| e.to_string())?.root());
         }
-        Ok(bp
-            .dvas()
-            .filter(|d| seen.insert((d.vdev, d.offset)))
-            .map(|d| d.asize)
-            .sum())
+    }
+    usage_with(pool, store, snapshots)
+}
+
+/// [`pool_usage`] of a pool used without a dataset directory (the POSIX layer on the root
+/// object set, as the POSIX and intent-log tests mount it): no snapshots.
+pub fn store_usage(pool: &Pool, store: &ObjectStore) -> Result<PoolUsage, String> {
+    usage_with(pool, store, Vec::new())
+}
+
+fn usage_with(
+    pool: &Pool,
+    store: &ObjectStore,
+    snapshots: Vec<Option<BlockPtr>>,
+) -> Result<PoolUsage, String> {
+    let mut seen: HashSet<(u32, u64)> = HashSet::new();
+    let blocks = store.blocks().clone();
+    // A block's copies, and for a gang block its header's copies and (through the header)
+    // every piece's, each counted once.
+    let mut add = |bp: &BlockPtr| -> Result<u64, String> {
+        let mut todo = vec![*bp];
+        let mut sum = 0;
+        while let Some(bp) = todo.pop() {
+            sum += bp
+                .dvas()
+                .filter(|d| seen.insert((d.vdev, d.offset)))
+                .map(|d| d.asize)
+                .sum::<u64>();
+            if bp.gang {
+                todo.extend(blocks.gang_pieces(&bp).map_err(|e| e.to_string())?);
+            }
+        }
+        Ok(sum)
     };
     let mut usage = PoolUsage::default();
     let (root_bp, info) = pool.root();
@@ -525,11 +553,7 @@ pub fn pool_usage(pool: &Pool, store: &ObjectStore, dsl: &Dsl) -> Result<PoolUsa
             roots.push(store.objset(id).map_err(|e| e.to_string())?.root());
         }
     }
-    for id in dsl.all_ids() {
-        if dsl.record(id).map_err(|e| e.to_string())?.kind == DatasetKind::Snapshot {
-            roots.push(dsl.snapshot_objset(id).map_err(|e| e.to_string())?.root());
-        }
-    }
+    roots.extend(snapshots);
     for root in roots {
         for bp in tree_blocks(store, root)? {
             usage.datasets += add(&bp)?;

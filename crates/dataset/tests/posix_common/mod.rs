@@ -20,6 +20,70 @@ use tank_device::{DeviceRef, MemDevice, SimDevice, SimFleet};
 use tank_object::{ObjectStore, ROOT_OBJSET};
 use tank_pool::{CreateOptions, ImportOptions, Pool, PoolSpec, TxgTunables};
 
+thread_local! {
+    /// Set by [`on_raidz2_with_gang_blocks`]: the block stores of the pools this test thread
+    /// made or imported since.
+    static RAIDZ2_GANG: std::cell::RefCell<Option<Vec<Arc<tank_block::BlockStore>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Blocks above this many bytes are gang blocks in [`on_raidz2_with_gang_blocks`].
+pub const GANG_ABOVE: usize = 8192;
+
+/// Runs `body` with the pools that [`sim_pool`] (and the tests' own pool builders through
+/// [`sim_layout`]) make as raidz2 over six devices, and with every block
+/// above 8 KiB a gang block in every pool made or imported: the crash tests' cuts then also
+/// fall between parity columns and between gang pieces and headers. Panics unless gang
+/// blocks were written, so the variant cannot pass without testing what it is for.
+pub fn on_raidz2_with_gang_blocks<T>(body: impl FnOnce() -> T) -> T {
+    RAIDZ2_GANG.with(|g| *g.borrow_mut() = Some(Vec::new()));
+    let out = body();
+    let stores = RAIDZ2_GANG
+        .with(|g| g.borrow_mut().take())
+        .unwrap_or_default();
+    let ganged: u64 = stores.iter().map(|b| b.gang_writes()).sum();
+    assert!(ganged >= 20, "only {ganged} gang blocks were written");
+    eprintln!("{ganged} gang blocks written");
+    out
+}
+
+/// True inside [`on_raidz2_with_gang_blocks`].
+pub fn raidz2_with_gangs() -> bool {
+    RAIDZ2_GANG.with(|g| g.borrow().is_some())
+}
+
+/// The data devices' layout: `names` as raidz2 inside [`on_raidz2_with_gang_blocks`],
+/// otherwise one device, or a mirror of several.
+pub fn sim_layout(names: &[String]) -> String {
+    if raidz2_with_gangs() {
+        format!("raidz2 {}", names.join(" "))
+    } else if names.len() > 1 {
+        format!("mirror {}", names.join(" "))
+    } else {
+        names.join(" ")
+    }
+}
+
+/// The data devices' count and size: six inside [`on_raidz2_with_gang_blocks`], otherwise
+/// as asked.
+pub fn sim_devices(n: usize, size: u64) -> (usize, u64) {
+    if raidz2_with_gangs() {
+        (6, size)
+    } else {
+        (n, size)
+    }
+}
+
+/// Applies the gang knob of [`on_raidz2_with_gang_blocks`] to a pool just made or imported.
+pub fn gang_knob(store: &ObjectStore) {
+    RAIDZ2_GANG.with(|g| {
+        if let Some(stores) = g.borrow_mut().as_mut() {
+            store.blocks().set_force_ganging(Some(GANG_ABOVE));
+            stores.push(store.blocks().clone());
+        }
+    });
+}
+
 /// Tunables that make txgs commit only when a test asks (so a txg is exactly one step).
 pub fn manual_txgs() -> TxgTunables {
     TxgTunables {
@@ -202,6 +266,7 @@ pub fn sim_pool(
     n: usize,
     size: u64,
 ) -> (Vec<SimDevice>, Arc<Pool>, Arc<ObjectStore>) {
+    let (n, size) = sim_devices(n, size);
     let devs: Vec<SimDevice> = (0..n)
         .map(|i| fleet.device(&format!("d{i}"), size))
         .collect();
@@ -211,18 +276,14 @@ pub fn sim_pool(
         .map(|(i, d)| (format!("d{i}"), Arc::new(d.clone()) as DeviceRef))
         .collect();
     let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
-    let spec_text = if n > 1 {
-        format!("mirror {}", names.join(" "))
-    } else {
-        names.join(" ")
-    };
     let opts = CreateOptions {
         ashift: 12,
         force: false,
         tunables: manual_txgs(),
     };
-    let (pool, _) = Pool::create("sim", &spec(&spec_text), &map, &opts).unwrap();
+    let (pool, _) = Pool::create("sim", &spec(&sim_layout(&names)), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
+    gang_knob(&store);
     (devs, pool, store)
 }
 
@@ -253,6 +314,7 @@ pub fn import_devs(
     )
     .map_err(|e| e.to_string())?;
     let store = ObjectStore::open(pool.clone()).map_err(|e| e.to_string())?;
+    gang_knob(&store);
     Ok((pool, store))
 }
 

@@ -22,6 +22,40 @@ pub fn manual_txgs() -> TxgTunables {
     }
 }
 
+thread_local! {
+    /// Set by [`with_gang_blocks`]: pools this test thread makes or imports gang every block
+    /// above this many bytes; their block stores are kept to count the gang blocks written.
+    static FORCE_GANG: std::cell::RefCell<(Option<usize>, Vec<Arc<tank_block::BlockStore>>)> =
+        const { std::cell::RefCell::new((None, Vec::new())) };
+}
+
+/// Runs `body` with every block above `above` bytes written as a gang block (a header and
+/// its pieces) in the pools it makes or imports, so a test's crash, scrub, resilver or
+/// corruption checks cover gang headers too. Panics if fewer than 20 gang blocks were
+/// written: the variant would otherwise pass without testing what it is for.
+pub fn with_gang_blocks<T>(above: usize, body: impl FnOnce() -> T) -> T {
+    FORCE_GANG.with(|g| *g.borrow_mut() = (Some(above), Vec::new()));
+    let out = body();
+    let stores = FORCE_GANG.with(|g| std::mem::take(&mut *g.borrow_mut()).1);
+    let ganged: u64 = stores.iter().map(|b| b.gang_writes()).sum();
+    assert!(
+        ganged >= 20,
+        "only {ganged} gang blocks were written above {above} bytes"
+    );
+    eprintln!("{ganged} gang blocks written");
+    out
+}
+
+fn apply_gang_knob(store: &ObjectStore) {
+    FORCE_GANG.with(|g| {
+        let mut g = g.borrow_mut();
+        store.blocks().set_force_ganging(g.0);
+        if g.0.is_some() {
+            g.1.push(store.blocks().clone());
+        }
+    });
+}
+
 pub fn spec(s: &str) -> PoolSpec {
     let toks: Vec<String> = s.split_whitespace().map(String::from).collect();
     PoolSpec::parse(&toks, true).unwrap()
@@ -60,6 +94,7 @@ pub fn sim_pool(
     };
     let (pool, _) = Pool::create("sim", &spec(&spec_text), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
+    apply_gang_knob(&store);
     (devs, pool, store)
 }
 
@@ -91,6 +126,7 @@ pub fn import_devs(
     )
     .map_err(|e| e.to_string())?;
     let store = ObjectStore::open(pool.clone()).map_err(|e| e.to_string())?;
+    apply_gang_knob(&store);
     Ok((pool, store))
 }
 
