@@ -226,6 +226,26 @@ impl SpaceRecord {
     }
 }
 
+/// The end of extent `[offset, +len)` of `vdev`, checked: not empty, no overflow, inside
+/// the vdev's `size`. Extents come from block pointers and space map records, which a
+/// damaged device can fill with anything.
+fn extent_end(vdev: u32, offset: u64, len: u64, size: u64, what: &str) -> Result<u64, BlockError> {
+    offset
+        .checked_add(len)
+        .filter(|&end| len > 0 && end <= size)
+        .ok_or_else(|| {
+            BlockError::SpaceMap(format!(
+                "{what} outside vdev {vdev}: [{offset:#x}, +{len:#x}) of {size:#x} bytes"
+            ))
+        })
+}
+
+/// The txg whose start makes a free in `txg` reusable; Err for a txg no pool reaches.
+fn release_txg(txg: u64) -> Result<u64, BlockError> {
+    txg.checked_add(DEFER_TXGS)
+        .ok_or_else(|| BlockError::SpaceMap(format!("free in impossible txg {txg}")))
+}
+
 /// Allocation state of one top-level vdev.
 #[derive(Debug, Clone)]
 pub struct VdevSpace {
@@ -434,13 +454,9 @@ impl SpaceAllocator {
             .get_mut(vdev as usize)
             .and_then(|v| v.as_mut())
             .ok_or_else(|| BlockError::SpaceMap(format!("claim on unknown vdev {vdev}")))?;
-        if offset + len > space.size {
-            return Err(BlockError::SpaceMap(format!(
-                "claim past the end of vdev {vdev}: [{offset:#x}, +{len:#x})"
-            )));
-        }
-        if space.free.contains(offset, offset + len) {
-            space.free.remove(offset, offset + len)?;
+        let end = extent_end(vdev, offset, len, space.size, "claim")?;
+        if space.free.contains(offset, end) {
+            space.free.remove(offset, end)?;
             self.pending.push(SpaceRecord {
                 vdev,
                 op: SpaceOp::Alloc,
@@ -449,7 +465,7 @@ impl SpaceAllocator {
                 txg,
             });
             Ok(())
-        } else if space.free.overlaps(offset, offset + len) {
+        } else if space.free.overlaps(offset, end) {
             Err(BlockError::SpaceMap(format!(
                 "claim of a partly free extent: vdev {vdev} [{offset:#x}, +{len:#x})"
             )))
@@ -465,13 +481,14 @@ impl SpaceAllocator {
             .get(vdev as usize)
             .and_then(|v| v.as_ref())
             .ok_or_else(|| BlockError::SpaceMap(format!("free on unknown vdev {vdev}")))?;
-        if offset + len > space.size || space.free.overlaps(offset, offset + len) {
+        let end = extent_end(vdev, offset, len, space.size, "free")?;
+        if space.free.overlaps(offset, end) {
             return Err(BlockError::SpaceMap(format!(
-                "double free or bad extent: vdev {vdev} [{offset:#x}, +{len:#x})"
+                "double free: vdev {vdev} [{offset:#x}, +{len:#x})"
             )));
         }
         self.deferred
-            .entry(txg + DEFER_TXGS)
+            .entry(release_txg(txg)?)
             .or_default()
             .push((vdev, offset, len));
         if let Some(watch) = &mut self.scan_freed {
@@ -520,17 +537,24 @@ impl SpaceAllocator {
             .get_mut(rec.vdev as usize)
             .and_then(|v| v.as_mut())
             .ok_or_else(|| BlockError::SpaceMap(format!("record for unknown vdev {}", rec.vdev)))?;
+        let end = extent_end(
+            rec.vdev,
+            rec.offset,
+            rec.len,
+            space.size,
+            "space map record",
+        )?;
         match rec.op {
-            SpaceOp::Alloc => space.free.remove(rec.offset, rec.offset + rec.len),
+            SpaceOp::Alloc => space.free.remove(rec.offset, end),
             SpaceOp::Free => {
-                if space.free.overlaps(rec.offset, rec.offset + rec.len) {
+                if space.free.overlaps(rec.offset, end) {
                     return Err(BlockError::SpaceMap(format!(
                         "replayed free of a free extent on vdev {}",
                         rec.vdev
                     )));
                 }
                 self.deferred
-                    .entry(rec.txg + DEFER_TXGS)
+                    .entry(release_txg(rec.txg)?)
                     .or_default()
                     .push((rec.vdev, rec.offset, rec.len));
                 Ok(())

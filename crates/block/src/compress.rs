@@ -88,6 +88,13 @@ impl Compression {
 
     /// Decompresses `data` into exactly `lsize` bytes.
     pub fn decompress(self, data: &[u8], lsize: usize) -> Result<Vec<u8>, BlockError> {
+        // `lsize` comes from a block pointer: never allocate more than a block can be.
+        if lsize > crate::MAX_BLOCK_BYTES {
+            return Err(BlockError::Decompress(format!(
+                "logical size {lsize} is over the {} byte maximum",
+                crate::MAX_BLOCK_BYTES
+            )));
+        }
         let out = match self {
             Self::Off => data.to_vec(),
             Self::Lz4 => {

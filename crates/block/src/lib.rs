@@ -21,6 +21,12 @@ pub use checksum::ChecksumKind;
 pub use compress::Compression;
 pub use zio::{BlockStore, PendingBlock, ScrubOutcome, WriteProps};
 
+/// The largest block, logical or physical, the block layer writes or reads (256 MiB): a
+/// pointer naming more is damaged, and nothing sized from it is allocated. Datasets'
+/// records are at most 16 MiB; only a space map log block of a txg that frees millions of
+/// blocks comes near.
+pub const MAX_BLOCK_BYTES: usize = 256 << 20;
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BlockError {

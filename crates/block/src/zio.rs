@@ -302,7 +302,13 @@ impl BlockStore {
         batch: &Arc<IoBatch>,
     ) -> Result<BlockPtr, BlockError> {
         assert!(!data.is_empty(), "empty blocks are holes, not written");
-        assert!(data.len() <= u32::MAX as usize);
+        if data.len() > crate::MAX_BLOCK_BYTES {
+            return Err(BlockError::InvalidProperty(format!(
+                "a block of {} bytes is over the {} byte maximum",
+                data.len(),
+                crate::MAX_BLOCK_BYTES
+            )));
+        }
         let compressed = props.compression.compress(data);
         let (compression, physical): (Compression, &[u8]) = match &compressed {
             Some(c) => (props.compression, c),
@@ -481,6 +487,12 @@ impl BlockStore {
     /// Reads the physical bytes of a block, verified, healing bad copies.
     pub fn read_physical(&self, bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
         let psize = bp.psize as usize;
+        if psize == 0 || psize > crate::MAX_BLOCK_BYTES {
+            return Err(BlockError::Decode(format!(
+                "{}: physical size {psize} out of range",
+                bp.describe()
+            )));
+        }
         if bp.gang {
             let (_, data) = self.read_gang(bp, true)?;
             return data.ok_or_else(|| BlockError::Checksum { bp: bp.describe() });
@@ -617,6 +629,13 @@ impl BlockStore {
     /// is neither reported nor written (`freed`). Without a watch every block counts as freed.
     pub fn scrub(&self, bp: &BlockPtr) -> (ScrubOutcome, Option<Vec<u8>>) {
         let psize = bp.psize as usize;
+        if psize == 0 || psize > crate::MAX_BLOCK_BYTES {
+            let out = ScrubOutcome {
+                unrecoverable: true,
+                ..Default::default()
+            };
+            return (out, None);
+        }
         if bp.gang {
             let verify = |buf: &[u8]| gang_verify(buf, bp);
             let (mut out, header) = self.scrub_dvas(bp, GANG_HEADER_SIZE, &verify);
@@ -723,7 +742,7 @@ impl BlockStore {
     /// Starts reading a block without waiting (the first copy's fast path), so a caller can
     /// keep many blocks in flight; [`BlockStore::complete`] finishes it.
     pub fn submit(&self, bp: &BlockPtr) -> PendingBlock {
-        let pending = if bp.gang {
+        let pending = if bp.gang || bp.psize == 0 || bp.psize as usize > crate::MAX_BLOCK_BYTES {
             None
         } else {
             bp.dvas().next().and_then(|d| {
@@ -1015,6 +1034,117 @@ mod tests {
             data,
             "the second header copy was used"
         );
+    }
+
+    fn raidz_store() -> BlockStore {
+        let leaves: Vec<_> = (0..5)
+            .map(|i| {
+                let dev = Arc::new(MemDevice::new(format!("r{i}"), 64 << 20));
+                Leaf::new(
+                    10 + i,
+                    format!("r{i}"),
+                    tank_vdev::usable_size(64 << 20),
+                    Some(dev),
+                )
+            })
+            .collect();
+        let g = tank_vdev::RaidzGeometry::new(5, 2, 12).unwrap();
+        let top = Arc::new(TopVdev::new(
+            0,
+            3,
+            Layout::Raidz(g),
+            leaves,
+            12,
+            Arc::new(ParityCodec::new()),
+        ));
+        let mut alloc = SpaceAllocator::new();
+        alloc.add_vdev(0, top.space(), 4096, true);
+        BlockStore::new(vec![Some(top)], alloc)
+    }
+
+    /// Pointers a damaged (or hostile) device could hold: every read, scrub, free and claim
+    /// of them is an error naming the block, never a panic or a huge allocation.
+    #[test]
+    fn damaged_pointers_are_errors_not_panics() {
+        for bs in [store(), raidz_store()] {
+            let batch = IoBatch::new();
+            let good = bs
+                .write(&pattern(20000, 3), &data_props(1), 5, 1, &batch)
+                .unwrap();
+            assert!(batch.wait().is_empty());
+            let d = good.dvas[0];
+            let damaged = [
+                // An offset inside a sector.
+                BlockPtr {
+                    dvas: [
+                        Dva {
+                            offset: d.offset + 512,
+                            ..d
+                        },
+                        Dva::default(),
+                        Dva::default(),
+                    ],
+                    ..good
+                },
+                // Past the end of the vdev, and where offset + size overflows.
+                BlockPtr {
+                    dvas: [
+                        Dva {
+                            offset: u64::MAX - 4095,
+                            ..d
+                        },
+                        Dva::default(),
+                        Dva::default(),
+                    ],
+                    ..good
+                },
+                // No bytes, and more than any block.
+                BlockPtr { psize: 0, ..good },
+                BlockPtr {
+                    psize: u32::MAX,
+                    ..good
+                },
+                BlockPtr {
+                    lsize: u32::MAX,
+                    compression: Compression::Lz4,
+                    ..good
+                },
+                // A gang flag on a block that is not one, and a gang block of no size.
+                BlockPtr { gang: true, ..good },
+                BlockPtr {
+                    gang: true,
+                    psize: 0,
+                    ..good
+                },
+                // A vdev that does not exist.
+                BlockPtr {
+                    dvas: [Dva { vdev: 7, ..d }, Dva::default(), Dva::default()],
+                    ..good
+                },
+            ];
+            for bp in damaged {
+                assert!(bs.read(&bp).is_err(), "{bp:?} read");
+                let (out, data) = bs.scrub(&bp);
+                assert!(
+                    data.is_none() && (out.unrecoverable || out.freed),
+                    "{bp:?} scrub"
+                );
+                let p = bs.submit(&bp);
+                assert!(bs.complete(p).is_err(), "{bp:?} submitted");
+                let _ = bs.free(&bp, 6);
+                let _ = bs.claim(&bp, 6);
+            }
+            let err = bs
+                .read(&BlockPtr { psize: 0, ..good })
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("physical size 0 out of range"), "{err}");
+            assert_eq!(
+                bs.read(&good).unwrap(),
+                pattern(20000, 3),
+                "the good block is intact"
+            );
+        }
     }
 
     #[test]

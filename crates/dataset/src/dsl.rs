@@ -876,7 +876,7 @@ impl Dsl {
                 continue;
             }
             let os = self.store.objset(r.objset)?;
-            os.set_snapshot_txgs(st.prev_snap_txg(r), r.origin_txg);
+            os.set_snapshot_txgs(st.prev_snap_txg(r), r.origin_txg)?;
             Self::apply_policy(&os, &st, &pool, r.id);
         }
         Ok(())
@@ -1578,7 +1578,7 @@ impl Dsl {
     ) -> Res<u64> {
         let id = st.new_id();
         let dl = st.new_deadlist();
-        let os = ctx.store.create_objset_syncing(None, 0, 0);
+        let os = ctx.store.create_objset_syncing(None, 0, 0)?;
         let rec = Record {
             id,
             parent,
@@ -1772,7 +1772,7 @@ impl Dsl {
             r.deadlist = dl;
             r.written = 0;
             let origin_txg = r.origin_txg;
-            os.set_snapshot_txgs(ctx.txg, origin_txg);
+            os.set_snapshot_txgs(ctx.txg, origin_txg)?;
             out.push(id);
         }
         Ok(out)
@@ -1973,7 +1973,7 @@ impl Dsl {
         n.written = (n.written + s.written).saturating_sub(freed);
         if next == head.id {
             let os = ctx.store.objset(head.objset)?;
-            os.set_snapshot_txgs(prev_txg, head.origin_txg);
+            os.set_snapshot_txgs(prev_txg, head.origin_txg)?;
         }
         st.records.remove(&sid);
         st.dirty_records.remove(&sid);
@@ -2027,10 +2027,11 @@ impl Dsl {
             )));
         }
         let all = st.snapshots(head.id);
-        let pos = all
-            .iter()
-            .position(|x| *x == sid)
-            .expect("snapshot of its head");
+        let pos = all.iter().position(|x| *x == sid).ok_or_else(|| {
+            DslError::Corrupt(format!(
+                "'{snapshot}' is not among the snapshots of its dataset"
+            ))
+        })?;
         let later: Vec<u64> = all[pos + 1..].to_vec();
         if !later.is_empty() {
             if !destroy_later {
@@ -2061,7 +2062,7 @@ impl Dsl {
         self.deadlist_clear(st, dl)?;
         ctx.store
             .reset_objset_syncing(head.objset, s.root_bp()?, ctx.txg)?;
-        os.set_snapshot_txgs(s.txg, head.origin_txg);
+        os.set_snapshot_txgs(s.txg, head.origin_txg)?;
         let r = st.rec_mut(head.id)?;
         r.referenced = s.referenced;
         r.lreferenced = s.lreferenced;
@@ -2124,7 +2125,9 @@ impl Dsl {
             .to_string();
         let id = st.new_id();
         let dl = st.new_deadlist();
-        let os = ctx.store.create_objset_syncing(s.root_bp()?, s.txg, s.txg);
+        let os = ctx
+            .store
+            .create_objset_syncing(s.root_bp()?, s.txg, s.txg)?;
         let rec = Record {
             id,
             parent,

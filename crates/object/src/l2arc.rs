@@ -513,7 +513,10 @@ impl L2Arc {
         let hdr_len = dev.round(HEADER_SIZE) as usize;
         let h = dev.top.leaves[0].read(0, hdr_len).ok()?;
         let body = 8 + 8 * 5 + 44;
-        if &h[..8] != HEADER_MAGIC
+        // Addresses and lengths below come from the device: every one is checked before it
+        // is used (a torn or foreign device ends the walk, never the process).
+        if h.len() < body + 32
+            || &h[..8] != HEADER_MAGIC
             || ChecksumKind::Blake3.compute(&h[..body])[..] != h[body..body + 32]
         {
             return None;
@@ -540,9 +543,13 @@ impl L2Arc {
         let mut walked = 0u64;
         while let Some(p) = next.take() {
             let plen = u64::from(p.len);
+            let Some(pend) = p.daddr.checked_add(plen) else {
+                break;
+            };
             if p.daddr < dev.start
-                || p.daddr + plen > dev.end
-                || overlaps(&claimed, p.daddr, p.daddr + plen)
+                || pend > dev.end
+                || (p.len as usize) < LOG_HEAD
+                || overlaps(&claimed, p.daddr, pend)
                 || walked > dev.end - dev.start
             {
                 break;
@@ -550,7 +557,8 @@ impl L2Arc {
             let Ok(b) = dev.top.leaves[0].read(p.daddr, p.len as usize) else {
                 break;
             };
-            if ChecksumKind::Blake3.compute(&b) != p.cksum
+            if b.len() < LOG_HEAD
+                || ChecksumKind::Blake3.compute(&b) != p.cksum
                 || &b[..8] != LOG_MAGIC
                 || u64::from_le_bytes(b[56..64].try_into().expect("8")) != pool
             {
@@ -558,9 +566,13 @@ impl L2Arc {
             }
             logs += 1;
             walked += plen;
-            claimed.push((p.daddr, p.daddr + plen));
+            claimed.push((p.daddr, pend));
             let count = u32::from_le_bytes(b[52..56].try_into().expect("4")) as usize;
-            if LOG_HEAD + count * LOG_ENTRY > b.len() {
+            if count
+                .checked_mul(LOG_ENTRY)
+                .and_then(|n| n.checked_add(LOG_HEAD))
+                .is_none_or(|n| n > b.len())
+            {
                 break;
             }
             let mut lo = u64::MAX;
@@ -578,9 +590,14 @@ impl L2Arc {
                     meta: e[32] & 1 != 0,
                 };
                 let a = hdr.daddr;
-                let z = a + u64::from(hdr.psize);
+                let Some(z) = a.checked_add(u64::from(hdr.psize)) else {
+                    continue;
+                };
+                if a < dev.start || z > dev.end {
+                    continue;
+                }
                 lo = lo.min(a);
-                if a < dev.start || z > dev.end || overlaps(&claimed, a, z) {
+                if overlaps(&claimed, a, z) {
                     continue;
                 }
                 if seen_ids.insert(id) {

@@ -497,13 +497,22 @@ impl ObjectSet {
 
     /// Where blocks killed from now on go (see `SyncReport`): kept for snapshots when born at
     /// or before `prev_snap_txg`, left to the origin when born at or before `origin_txg`.
-    pub fn set_snapshot_txgs(&self, prev_snap_txg: u64, origin_txg: u64) {
-        assert!(
-            origin_txg <= prev_snap_txg,
-            "origin after the latest snapshot"
-        );
+    /// Err (nothing set) when the origin is after the latest snapshot: dataset records that
+    /// say so are damaged.
+    pub fn set_snapshot_txgs(
+        &self,
+        prev_snap_txg: u64,
+        origin_txg: u64,
+    ) -> Result<(), ObjectError> {
+        if origin_txg > prev_snap_txg {
+            return Err(ObjectError::Corrupt(format!(
+                "object set {}: origin txg {origin_txg} after its latest snapshot's txg {prev_snap_txg}",
+                self.id
+            )));
+        }
         self.prev_snap_txg.store(prev_snap_txg, Ordering::Release);
         self.origin_txg.store(origin_txg, Ordering::Release);
+        Ok(())
     }
 
     pub fn prev_snap_txg(&self) -> u64 {

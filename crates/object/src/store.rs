@@ -277,7 +277,7 @@ impl ObjectStore {
         root: Option<BlockPtr>,
         prev_snap_txg: u64,
         origin_txg: u64,
-    ) -> Arc<ObjectSet> {
+    ) -> Result<Arc<ObjectSet>, ObjectError> {
         let mut map = self.objsets.write();
         let id = Self::next_id(&map);
         let os = Arc::new(ObjectSet::open(
@@ -286,12 +286,12 @@ impl ObjectStore {
             root,
             ObjsetMode::Normal,
         ));
-        os.set_snapshot_txgs(prev_snap_txg, origin_txg);
+        os.set_snapshot_txgs(prev_snap_txg, origin_txg)?;
         map.insert(id, os.clone());
         self.dirty_table.store(true, Ordering::Release);
         self.watch_errors(&os);
         self.set_floor(id);
-        os
+        Ok(os)
     }
 
     /// Removes an object set from the table in syncing context; the caller frees its

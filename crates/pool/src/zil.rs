@@ -127,7 +127,9 @@ impl LogHeader {
     }
 
     pub fn decode(b: &[u8]) -> Result<Self, String> {
-        let b = &b[..Self::SIZE];
+        let b = b
+            .get(..Self::SIZE)
+            .ok_or_else(|| format!("intent log header: {} bytes, not {}", b.len(), Self::SIZE))?;
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
         match u32_at(0) {
@@ -143,17 +145,27 @@ impl LogHeader {
         {
             return Err(format!("intent log header: bad block size {head_size}"));
         }
+        let start = u64_at(40);
+        let region = match (len > 0).then(|| start.checked_add(len)) {
+            None => None,
+            Some(Some(end)) => Some(Region {
+                vdev: u32_at(36),
+                start,
+                end,
+            }),
+            Some(None) => {
+                return Err(format!(
+                    "intent log header: region [{start:#x}, +{len:#x}) past any vdev"
+                ))
+            }
+        };
         Ok(Self {
             guid: u64_at(8),
             head_vdev: u32_at(4),
             head_seq: u64_at(16),
             head_offset: u64_at(24),
             head_size,
-            region: (len > 0).then(|| Region {
-                vdev: u32_at(36),
-                start: u64_at(40),
-                end: u64_at(40) + len,
-            }),
+            region,
         })
     }
 }

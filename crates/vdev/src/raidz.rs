@@ -464,13 +464,13 @@ mod tests {
     }
 
     #[test]
-    #[should_panic]
+    #[should_panic(expected = "offset 512 is not aligned to the 4096-byte sector")]
     fn map_rejects_unaligned_offset() {
         g(5, 1, 12).map(512, 4 * K);
     }
 
     #[test]
-    #[should_panic]
+    #[should_panic(expected = "psize 4097 must be a non-zero multiple of the 4096-byte sector")]
     fn asize_rejects_partial_sector() {
         g(5, 1, 12).asize(4 * K + 1);
     }

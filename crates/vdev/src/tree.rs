@@ -53,6 +53,15 @@ pub enum VdevError {
         len: u64,
         space: u64,
     },
+    #[error(
+        "vdev {vdev}: access at {offset:#x} of {len} bytes is not whole {sector}-byte sectors"
+    )]
+    Misaligned {
+        vdev: u32,
+        offset: u64,
+        len: u64,
+        sector: u64,
+    },
 }
 
 /// A read in flight (see [`TopVdev::submit_read`]).
@@ -180,8 +189,9 @@ impl TopVdev {
     }
 
     /// Allocated size of a block of `psize` physical bytes.
+    /// A zero `psize` (only ever from a damaged pointer) counts as one sector.
     pub fn asize(&self, psize: u64) -> u64 {
-        let rounded = self.round(psize);
+        let rounded = self.round(psize.max(1));
         match &self.layout {
             Layout::Disk | Layout::Mirror => rounded,
             Layout::Raidz(g) => g.asize(rounded),
@@ -228,7 +238,19 @@ impl TopVdev {
         }
     }
 
+    /// Every access is checked here before it is mapped: offsets and lengths come from block
+    /// pointers, which a damaged device can fill with anything, and the RAID-Z map takes
+    /// only whole sectors.
     fn check_range(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        let sector = self.sector();
+        if len == 0 || !offset.is_multiple_of(sector) || !len.is_multiple_of(sector) {
+            return Err(VdevError::Misaligned {
+                vdev: self.id,
+                offset,
+                len,
+                sector,
+            });
+        }
         let space = self.space();
         if offset.checked_add(len).is_none_or(|end| end > space) {
             return Err(VdevError::OutOfRange {
