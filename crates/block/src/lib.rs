@@ -13,6 +13,8 @@ pub mod alloc;
 pub mod blkptr;
 pub mod checksum;
 pub mod compress;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod zio;
 
 pub use alloc::{AllocClass, SpaceAllocator, SpaceOp, SpaceRecord, DEFER_TXGS};

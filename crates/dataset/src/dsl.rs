@@ -216,6 +216,14 @@ struct DeadlistHeader {
     lsize: u64,
 }
 
+/// For the fuzz target: the dataset directory's records (its header, a dataset record, a
+/// deadlist header) from arbitrary bytes.
+pub(crate) fn fuzz_records(data: &[u8]) {
+    let _ = serde_json::from_slice::<DirHeader>(data);
+    let _ = serde_json::from_slice::<Record>(data);
+    let _ = DeadlistHeader::decode(data);
+}
+
 impl DeadlistHeader {
     fn encode(&self) -> Vec<u8> {
         [self.next_seq, self.count, self.dsize, self.lsize]

@@ -17,6 +17,8 @@
 pub mod autosnap;
 pub mod dsl;
 pub mod errno;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod hooks;
 pub mod posix;
 pub mod props;

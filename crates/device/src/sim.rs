@@ -24,7 +24,7 @@
 //! boundary.
 //!
 //! Random faults ([`FaultConfig`]: read and write errors, bit rot on read, misdirected and
-//! lost writes) are drawn per operation from a `ChaCha8Rng` seeded from the fleet seed and the
+//! lost writes, failed flushes that lose the writes they covered) are drawn per operation from a `ChaCha8Rng` seeded from the fleet seed and the
 //! device index, so the same sequence of calls replays exactly. A probability of zero draws
 //! nothing. Deterministic injections for targeted tests: [`SimDevice::corrupt`] (persistent
 //! bit rot of the stored bytes), [`SimDevice::set_gone`] (a pulled disk) and
@@ -79,6 +79,12 @@ pub struct FaultConfig {
     pub misdirect_write: f64,
     /// A write returns `Ok` but nothing is written.
     pub lost_write: f64,
+    /// A flush fails with `Injected { what: "flush error" }`, and the unflushed writes it
+    /// covered are lost: reads no longer see them, and a later flush (which then succeeds,
+    /// having nothing left to write) does not bring them back. Linux does this with the dirty
+    /// pages of a file whose fsync failed ("fsyncgate"): a caller that retries the flush and
+    /// takes its success as the writes' loses them.
+    pub flush_error: f64,
 }
 
 /// Counters of one device. Calls are counted whatever their outcome; bytes only on success.
@@ -96,6 +102,9 @@ pub struct SimStats {
     pub bitrot_injected: u64,
     pub misdirected_writes: u64,
     pub lost_writes: u64,
+    /// Flushes failed by `FaultConfig::flush_error`, and the writes they lost.
+    pub flush_errors_injected: u64,
+    pub writes_lost_by_flush: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -480,13 +489,24 @@ impl BlockDevice for SimDevice {
     }
 
     fn flush(&self) -> Result<()> {
-        let mut st = self.inner.state.lock();
+        let mut guard = self.inner.state.lock();
+        let st = &mut *guard;
         st.stats.flushes += 1;
         if !self.inner.fleet.begin_op() {
             return Err(self.injected("crashed"));
         }
         if st.gone {
             return Err(self.injected("device gone"));
+        }
+        if chance(&mut st.rng, st.faults.flush_error) {
+            // The writes the flush covered are gone: undone newest first, as `durable` is.
+            let pending = std::mem::take(&mut st.pending);
+            for p in pending.iter().rev() {
+                st.live.write(p.offset, &p.old);
+            }
+            st.stats.flush_errors_injected += 1;
+            st.stats.writes_lost_by_flush += pending.len() as u64;
+            return Err(self.injected("flush error"));
         }
         st.pending.clear();
         Ok(())
@@ -850,6 +870,7 @@ mod tests {
             bitrot_on_read: 0.1,
             misdirect_write: 0.1,
             lost_write: 0.1,
+            flush_error: 0.0,
         };
         devs.iter().for_each(|d| d.set_faults(faults));
         let mut out = Vec::new();
@@ -987,6 +1008,31 @@ mod tests {
         dev.fail_reads(None);
         assert_eq!(read(&dev, 1000, 1000), [1; 1000]);
         assert_eq!(dev.stats().read_errors_injected, 2);
+    }
+
+    #[test]
+    fn a_failed_flush_loses_the_writes_it_covered() {
+        let fleet = SimFleet::new(6);
+        let dev = fleet.device("d", 8192);
+        dev.write_at(&[1; 4096], 0).unwrap();
+        dev.flush().unwrap();
+        dev.write_at(&[2; 4096], 0).unwrap();
+        dev.write_at(&[3; 4096], 4096).unwrap();
+        dev.set_faults(FaultConfig {
+            flush_error: 1.0,
+            ..Default::default()
+        });
+        assert!(is_injected(&dev.flush(), "flush error"));
+        dev.set_faults(FaultConfig::default());
+        // The retry succeeds, but the writes are gone: reads and the medium agree.
+        dev.flush().unwrap();
+        assert_eq!(read(&dev, 0, 4), [1; 4]);
+        assert_eq!(read(&dev, 4096, 4), [0; 4]);
+        let image = dev.crash_image(CrashMode::KeepAll);
+        assert_eq!(image[..4096], [1; 4096]);
+        assert_eq!(image[4096..], [0; 4096]);
+        let st = dev.stats();
+        assert_eq!((st.flush_errors_injected, st.writes_lost_by_flush), (1, 2));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 
 pub mod arc;
 pub mod cache;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod health;
 pub mod l2arc;
 pub mod objset;

@@ -197,7 +197,7 @@ impl ObjectInfo {
         b
     }
 
-    fn decode(id: u64, b: &[u8]) -> Result<Self, ObjectError> {
+    pub(crate) fn decode(id: u64, b: &[u8]) -> Result<Self, ObjectError> {
         if b.len() < 40 {
             return Err(ObjectError::Corrupt(format!("object {id}: short header")));
         }

@@ -108,6 +108,11 @@
 mod changes;
 mod mutate;
 mod node;
+
+/// For the fuzz target: a tree node from arbitrary bytes.
+pub(crate) fn fuzz_node(bytes: &[u8]) {
+    let _ = node::Node::decode(bytes);
+}
 mod read;
 
 use std::fmt;

@@ -169,6 +169,11 @@ enum Decoded {
     },
 }
 
+/// For the fuzz target: an intent log record of an object set, from arbitrary bytes.
+pub(crate) fn fuzz_record(b: &[u8]) {
+    let _ = decode(b);
+}
+
 fn decode(b: &[u8]) -> Result<Decoded, String> {
     let short = || "log record: truncated".to_string();
     if b.len() < 16 {

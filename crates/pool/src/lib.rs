@@ -19,6 +19,8 @@
 
 pub mod commit;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod history;
 pub mod label;
 pub mod pool;

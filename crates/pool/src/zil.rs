@@ -734,6 +734,21 @@ fn read_block(t: &TopVdev, offset: u64, size: u32, guid: u64, seq: u64) -> Optio
     }
 }
 
+/// For the fuzz target: `data` as a log block whose magic, version and checksum match
+/// (the chain and sequence are its own), decoded.
+pub(crate) fn fuzz_block(data: &[u8]) {
+    let mut b = data.to_vec();
+    b.resize(b.len().max(BLOCK_HEADER), 0);
+    b[0..8].copy_from_slice(LOG_MAGIC);
+    b[8..12].copy_from_slice(&LOG_VERSION.to_le_bytes());
+    b[64..96].fill(0);
+    let sum = blake3::hash(&b);
+    b[64..96].copy_from_slice(sum.as_bytes());
+    let guid = u64::from_le_bytes(b[16..24].try_into().expect("8"));
+    let seq = u64::from_le_bytes(b[24..32].try_into().expect("8"));
+    let _ = Block::decode(&b, guid, seq);
+}
+
 fn overlaps(l: &Live, vdev: u32, pos: u64, asize: u64) -> bool {
     l.vdev == vdev && l.offset < pos + asize && pos < l.offset + l.asize
 }

@@ -13,5 +13,13 @@ mod perm;
 pub mod types;
 mod xattr;
 
+/// For the fuzz target: the POSIX layer's on-disk records (inode, directory entry, xattr
+/// header) from arbitrary bytes.
+pub(crate) fn fuzz_records(data: &[u8]) {
+    let _ = format::Inode::decode(data);
+    let _ = format::decode_dirent(data);
+    let _ = format::decode_xattr_head(data);
+}
+
 pub use fs::Fs;
 pub use types::*;
