@@ -3,56 +3,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-struct Env {
-    dir: tempfile::TempDir,
-}
-
-impl Env {
-    fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_tank"))
-            .args(args)
-            .env("TANK_DATA_DIR", self.path("data"))
-            .current_dir(self.dir.path())
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "tank {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn fails(&self, args: &[&str], expect: &str) -> String {
-        let out = self.run(args);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!out.status.success(), "tank {args:?} should have failed");
-        assert!(
-            err.contains(expect),
-            "tank {args:?}: expected '{expect}' in: {err}"
-        );
-        assert!(!err.contains("panicked"), "tank {args:?} panicked: {err}");
-        err
-    }
-}
+use common::Env;
 
 fn devs(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()

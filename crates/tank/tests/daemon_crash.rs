@@ -12,9 +12,11 @@
 
 mod common;
 
+use common::Env;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,38 +28,9 @@ const FILES: usize = 6;
 const FILE_LEN: usize = 96 << 10;
 const ROUNDS: u64 = 8;
 
-struct Env {
-    dir: tempfile::TempDir,
-}
-
-impl Env {
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_tank"))
-            .args(args)
-            .env("TANK_DATA_DIR", self.path("data"))
-            .current_dir(self.dir.path())
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "tank {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn mnt(&self) -> PathBuf {
-        self.path("data/mnt/tank")
-    }
+/// Where the daemon mounts the default pool's root.
+fn mnt(env: &Env) -> PathBuf {
+    env.path("data/mnt/tank")
 }
 
 fn is_mounted(dir: &Path) -> bool {
@@ -77,7 +50,7 @@ fn serve(env: &Env) -> Child {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !(env.path("data/tank.sock").exists() && is_mounted(&env.mnt())) {
+    while !(env.path("data/tank.sock").exists() && is_mounted(&mnt(env))) {
         assert!(Instant::now() < deadline, "the daemon did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -89,8 +62,8 @@ fn kill(env: &Env, mut child: Child) {
     let _ = child.kill();
     let _ = child.wait();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while is_mounted(&env.mnt()) {
-        let _ = Command::new("umount").arg("-l").arg(env.mnt()).status();
+    while is_mounted(&mnt(env)) {
+        let _ = Command::new("umount").arg("-l").arg(mnt(env)).status();
         assert!(Instant::now() < deadline, "the dead daemon's mount stays");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -132,7 +105,7 @@ fn set_mtime(p: &Path, secs: i64) -> std::io::Result<()> {
 /// One step on file `k`: start it as pending, do it, and once it is durable make it
 /// acknowledged. An error (the daemon died under it) leaves it pending.
 fn step(env: &Env, m: &Mutex<Model>, r: &mut ChaCha8Rng, k: usize, snap: &mut u64) -> bool {
-    let mnt = env.mnt();
+    let mnt = mnt(env);
     let cur = m.lock().unwrap().files[k].acked.clone();
     let mut next = cur.clone();
     let op = r.gen_range(0..10);
@@ -204,17 +177,14 @@ fn check(env: &Env, f: &FileModel, k: usize, round: u64) -> State {
         .chain(f.pending.as_ref().map(|p| &p.name))
         .collect();
     names.dedup();
-    let found: Vec<&&String> = names
-        .iter()
-        .filter(|n| env.mnt().join(n).exists())
-        .collect();
+    let found: Vec<&&String> = names.iter().filter(|n| mnt(env).join(n).exists()).collect();
     assert_eq!(
         found.len(),
         1,
         "{ctx}: under {found:?} of its names {names:?}"
     );
     let name = (*found[0]).clone();
-    let p = env.mnt().join(&name);
+    let p = mnt(env).join(&name);
     let md = std::fs::metadata(&p).unwrap();
     let data = std::fs::read(&p).unwrap();
     assert_eq!(data.len(), FILE_LEN, "{ctx}: length");
@@ -266,9 +236,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         common::skip(test, why);
         return;
     }
-    let env = Env {
-        dir: tempfile::tempdir().unwrap(),
-    };
+    let env = Env::new();
     let seed: u64 = std::env::var("TANK_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -281,7 +249,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     for k in 0..FILES {
         let data: Vec<u8> = (0..FILE_LEN).map(|_| r.gen()).collect();
         let name = format!("f{k}");
-        let p = env.mnt().join(&name);
+        let p = mnt(&env).join(&name);
         std::fs::write(&p, &data).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         fsync_path(&p).unwrap();
@@ -297,7 +265,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
             pending: None,
         });
     }
-    fsync_path(&env.mnt()).unwrap();
+    fsync_path(&mnt(&env)).unwrap();
     let model = Arc::new(Mutex::new(Model {
         files,
         snapshots: Vec::new(),
@@ -375,7 +343,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     assert!(status.contains("ONLINE"), "{status}");
     assert!(status.contains("with 0 errors"), "{status}");
     assert!(status.contains("No known data errors"), "{status}");
-    std::fs::write(env.mnt().join("after"), b"after the crashes").unwrap();
-    fsync_path(&env.mnt().join("after")).unwrap();
+    std::fs::write(mnt(&env).join("after"), b"after the crashes").unwrap();
+    fsync_path(&mnt(&env).join("after")).unwrap();
     common::stop(child.as_mut().expect("a running daemon"));
 }

@@ -138,3 +138,52 @@ pub fn serve_until_listening(
     let value = value.unwrap_or_else(|| panic!("the daemon printed no '{key}' line"));
     (child, value, lines)
 }
+
+/// A test's own directory, with `TANK_DATA_DIR` inside it, and the `tank` command run there.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn run(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tank"))
+            .args(args)
+            .env("TANK_DATA_DIR", self.path("data"))
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap()
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "tank {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn fails(&self, args: &[&str], expect: &str) -> String {
+        let out = self.run(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "tank {args:?} should have failed");
+        assert!(
+            err.contains(expect),
+            "tank {args:?}: expected '{expect}' in: {err}"
+        );
+        assert!(!err.contains("panicked"), "tank {args:?} panicked: {err}");
+        err
+    }
+}
