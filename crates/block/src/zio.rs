@@ -224,6 +224,12 @@ pub(crate) fn decode_gang_for_fuzz(b: &mut [u8], bp: &BlockPtr) {
     let _ = gang_verify(b, bp);
 }
 
+/// Whether a pointer's physical size is one a block can have (a damaged pointer's may not
+/// be): checked before anything is read or allocated for it.
+fn psize_in_range(bp: &BlockPtr) -> bool {
+    (1..=crate::MAX_BLOCK_BYTES).contains(&(bp.psize as usize))
+}
+
 pub struct BlockStore {
     vdevs: RwLock<Vec<Option<Arc<TopVdev>>>>,
     pub alloc: Mutex<SpaceAllocator>,
@@ -511,7 +517,7 @@ impl BlockStore {
     /// Reads the physical bytes of a block, verified, healing bad copies.
     pub fn read_physical(&self, bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
         let psize = bp.psize as usize;
-        if psize == 0 || psize > crate::MAX_BLOCK_BYTES {
+        if !psize_in_range(bp) {
             return Err(BlockError::Decode(format!(
                 "{}: physical size {psize} out of range",
                 bp.describe()
@@ -653,7 +659,7 @@ impl BlockStore {
     /// is neither reported nor written (`freed`). Without a watch every block counts as freed.
     pub fn scrub(&self, bp: &BlockPtr) -> (ScrubOutcome, Option<Vec<u8>>) {
         let psize = bp.psize as usize;
-        if psize == 0 || psize > crate::MAX_BLOCK_BYTES {
+        if !psize_in_range(bp) {
             let out = ScrubOutcome {
                 unrecoverable: true,
                 ..Default::default()
@@ -766,7 +772,7 @@ impl BlockStore {
     /// Starts reading a block without waiting (the first copy's fast path), so a caller can
     /// keep many blocks in flight; [`BlockStore::complete`] finishes it.
     pub fn submit(&self, bp: &BlockPtr) -> PendingBlock {
-        let pending = if bp.gang || bp.psize == 0 || bp.psize as usize > crate::MAX_BLOCK_BYTES {
+        let pending = if bp.gang || !psize_in_range(bp) {
             None
         } else {
             bp.dvas().next().and_then(|d| {
