@@ -39,6 +39,7 @@ fn fixture(layout: &str) -> Fixture {
         ashift: 12,
         force: false,
         tunables: tunables(),
+        ..Default::default()
     };
     let (pool, _) = Pool::create("tank", &spec, &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
@@ -64,6 +65,7 @@ fn reopen(f: Fixture) -> Fixture {
             missing_log: false,
             tunables: Some(tunables()),
             supported_features: None,
+            ..Default::default()
         },
     )
     .unwrap();

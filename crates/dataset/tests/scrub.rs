@@ -43,6 +43,7 @@ fn raidz1_pool() -> (Vec<DeviceRef>, Arc<ObjectStore>, Arc<Dsl>) {
             dirty_sync: u64::MAX / 2,
             timeout: Duration::from_secs(3600),
         },
+        ..Default::default()
     };
     let (pool, _) =
         Pool::create("tank", &PoolSpec::parse(&toks, true).unwrap(), &map, &opts).unwrap();

@@ -43,6 +43,7 @@ fn log_pool(fleet: &SimFleet, slog: bool) -> (Vec<SimDevice>, Arc<Pool>, Arc<Obj
         ashift: 12,
         force: false,
         tunables: manual_txgs(),
+        ..Default::default()
     };
     let (pool, _) = Pool::create("zil", &spec(&text), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
@@ -447,6 +448,7 @@ fn a_mirrored_log_keeps_working_on_one_side() {
         ashift: 12,
         force: false,
         tunables: manual_txgs(),
+        ..Default::default()
     };
     let (pool, _) =
         Pool::create("zil", &spec("mirror d0 d1 log mirror s0 s1"), &map, &opts).unwrap();

@@ -48,6 +48,7 @@ pub fn pool_image(data: &[u8]) {
             ashift: 12,
             force: false,
             tunables: Default::default(),
+            ..Default::default()
         };
         let (pool, _) = Pool::create("fuzz", &spec, &map, &opts).expect("create");
         let store = crate::ObjectStore::open(pool.clone()).expect("open");
@@ -90,6 +91,7 @@ pub fn pool_image(data: &[u8]) {
         missing_log: false,
         tunables: None,
         supported_features: None,
+        ..Default::default()
     };
     let Ok(pool) = Pool::import(&devs, &opts) else {
         return;

@@ -85,6 +85,7 @@ fn resident_memory_stays_within_the_arc_budget_plus_the_allowance() {
         ashift: 12,
         force: false,
         tunables,
+        ..Default::default()
     };
     let (pool, _) = Pool::create("arcmem", &spec, &devs, &opts).unwrap();
     let arc = Arc::new(AdaptiveCache::new(BUDGET));

@@ -28,6 +28,7 @@ fn reimport(devs: &[DeviceRef]) -> Arc<Pool> {
             missing_log: false,
             tunables: Some(manual_txgs()),
             supported_features: None,
+            ..Default::default()
         },
     )
     .unwrap()
@@ -64,6 +65,7 @@ fn rig(with_cache: bool) -> Rig {
         ashift: 12,
         force: false,
         tunables: manual_txgs(),
+        ..Default::default()
     };
     let (pool, _) = Pool::create("fast", &spec(&text), &devs, &opts).unwrap();
     let arc = Arc::new(AdaptiveCache::new(ARC_MIN));

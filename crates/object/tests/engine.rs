@@ -41,6 +41,7 @@ fn create(
         ashift,
         force: true,
         tunables: manual_txgs(),
+        ..Default::default()
     };
     let (pool, _) = Pool::create("e", &spec(spec_text), map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
@@ -224,6 +225,7 @@ fn file_larger_than_the_dirty_limit_streams_through_txgs() {
             dirty_sync: 8 << 20,
             timeout: std::time::Duration::from_secs(5),
         },
+        ..Default::default()
     };
     let (pool, _) = Pool::create("big", &spec("raidz1 d0 d1 d2"), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();

@@ -155,6 +155,84 @@ pub struct PoolConfig {
     /// put in its place (and resilvered).
     #[serde(default)]
     pub autoreplace: bool,
+    /// The hostid of the host that last imported the pool (0: written before it was kept).
+    #[serde(default)]
+    pub hostid: u32,
+    /// The tank instance (one per data directory) that last imported the pool (0: unknown).
+    #[serde(default)]
+    pub instance: u64,
+    /// The `multihost` pool property: the importer writes a heartbeat to the labels and an
+    /// import first watches for one (`mmp.rs`), for devices other machines can reach.
+    #[serde(default)]
+    pub multihost: bool,
+}
+
+impl PoolConfig {
+    /// Whether the labels say `host` is who last imported the pool. Fields written as 0
+    /// (older labels, or a caller that has no instance) are not compared.
+    pub fn imported_by(&self, host: &HostIdentity) -> bool {
+        self.hostname == host.hostname
+            && (self.hostid == 0 || self.hostid == host.hostid)
+            && (self.instance == 0 || host.instance == 0 || self.instance == host.instance)
+    }
+}
+
+/// Who imports a pool: the host, by name and 32-bit hostid as ZFS knows it, and the tank
+/// instance on it (one per data directory; 0 for a caller that has none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostIdentity {
+    pub hostname: String,
+    pub hostid: u32,
+    pub instance: u64,
+}
+
+impl HostIdentity {
+    /// This host, with no instance.
+    pub fn this_host() -> Self {
+        Self {
+            hostname: hostname(),
+            hostid: hostid(),
+            instance: 0,
+        }
+    }
+
+    /// This host, as the instance `instance`.
+    pub fn instance(instance: u64) -> Self {
+        Self {
+            instance,
+            ..Self::this_host()
+        }
+    }
+}
+
+impl Default for HostIdentity {
+    fn default() -> Self {
+        Self::this_host()
+    }
+}
+
+/// This host's 32-bit hostid, as `hostid(1)` prints it: `/etc/hostid` (which `zgenhostid`
+/// writes) when it exists, else the first 32 bits of `/etc/machine-id`, else a hash of the
+/// host name. Never 0 (0 means "not recorded" in the labels).
+pub fn hostid() -> u32 {
+    let from_file = std::fs::read("/etc/hostid")
+        .ok()
+        .and_then(|b| {
+            b.get(..4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        })
+        .filter(|&id| id != 0);
+    let from_machine_id = || {
+        std::fs::read_to_string("/etc/machine-id")
+            .ok()
+            .and_then(|s| s.get(..8).and_then(|h| u32::from_str_radix(h, 16).ok()))
+            .filter(|&id| id != 0)
+    };
+    let from_name = || {
+        let h = crc32c::crc32c(hostname().as_bytes());
+        h.max(1)
+    };
+    from_file.or_else(from_machine_id).unwrap_or_else(from_name)
 }
 
 impl TopConfig {

@@ -8,9 +8,10 @@
 //!         pool_guid u64, leaf_guid u64, top_guid u64, config_txg u64, config_len u32,
 //!         config_crc32c u32, ... zero ..., crc32c of bytes 0..4092 at 4092
 //!   4096  config: `config_len` bytes of JSON (config.rs), at most 124 KiB
-//! 131072  uberblock ring: 128 KiB of slots of max(1 KiB, 2^ashift) bytes
+//! 131072  uberblock ring: 128 KiB of slots of 2^clamp(ashift, 10, 13) bytes; the last slot
+//!         holds the multihost heartbeat (`mmp.rs`), the others uberblocks
 //! ```
-//! An uberblock in slot `txg % slots` of every label of every device:
+//! An uberblock in slot `txg % (slots - 1)` of every label of every device:
 //! ```text
 //!   0 magic "TANKUBER" u64 | 8 version u32 | 12 ashift u32 | 16 txg u64 | 24 guid_sum u64
 //!  32 timestamp u64 | 40 root block pointer (128 bytes) | 168 crc32c of bytes 0..168
@@ -56,12 +57,26 @@ pub struct Uberblock {
     pub root: BlockPtr,
 }
 
+/// Bytes of a ring slot: a sector, at least 1 KiB and at most 8 KiB (ZFS's
+/// MAX_UBERBLOCK_SHIFT), so that the ring has at least 16 slots at any ashift. Pools of
+/// ashift 14 to 16 written before the cap used whole-sector slots; those sit at multiples of
+/// 8 KiB and are found all the same.
 pub fn slot_size(ashift: u32) -> u64 {
-    (1u64 << ashift).max(1024)
+    1u64 << ashift.clamp(10, 13)
 }
 
 pub fn slots(ashift: u32) -> u64 {
     RING_SIZE / slot_size(ashift)
+}
+
+/// The ring slots that hold uberblocks: all but the last, which is the heartbeat's.
+pub fn uberblock_slots(ashift: u32) -> u64 {
+    slots(ashift) - 1
+}
+
+/// Where in a label the multihost heartbeat slot is (the ring's last slot).
+pub fn heartbeat_offset(ashift: u32) -> u64 {
+    RING_OFFSET + uberblock_slots(ashift) * slot_size(ashift)
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -228,7 +243,7 @@ pub fn write_uberblock(dev: &dyn BlockDevice, ub: &Uberblock) -> Result<(), Pool
     let slot = slot_size(ub.ashift);
     let mut buf = vec![0u8; slot as usize];
     buf[..UBER_LEN].copy_from_slice(&ub.encode());
-    let pos = RING_OFFSET + (ub.txg % slots(ub.ashift)) * slot;
+    let pos = RING_OFFSET + (ub.txg % uberblock_slots(ub.ashift)) * slot;
     for off in label_offsets(dev.size()) {
         dev.write_at(&buf, off + pos)?;
     }

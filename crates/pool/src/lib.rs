@@ -23,13 +23,15 @@ pub mod config;
 pub mod fuzz;
 pub mod history;
 pub mod label;
+pub mod mmp;
 pub mod pool;
 pub mod spec;
 pub mod txg;
 pub mod zil;
 
-pub use config::{PoolConfig, PoolState, TopKind, VdevClass, FORMAT_VERSION};
+pub use config::{HostIdentity, PoolConfig, PoolState, TopKind, VdevClass, FORMAT_VERSION};
 pub use history::HistoryRecord;
+pub use mmp::MmpTunables;
 pub use pool::{
     fmt_time, validate_pool_name, CreateOptions, ImportCandidate, ImportOptions, Pool, PoolSpace,
     PoolStatus, RootBlockInfo, SyncContext, Syncer, VdevStatus,
@@ -51,6 +53,9 @@ pub enum PoolError {
     NoSpace(String),
     #[error("pool '{pool}' is suspended after an I/O failure it could not repair: {reason}. Export and import the pool once the devices are fixed")]
     Suspended { pool: String, reason: String },
+    /// The multihost heartbeat stopped reaching the devices (`mmp.rs`).
+    #[error("{0}")]
+    Multihost(String),
     #[error("corrupt pool metadata: {0}")]
     Corrupt(String),
     #[error(transparent)]

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use tank_block::{
     BlockKind, BlockPtr, BlockStore, SpaceAllocator, SpaceOp, SpaceRecord, WriteProps, DEFER_TXGS,
 };
-use tank_device::DeviceRef;
+use tank_device::{BlockDevice, DeviceRef};
 use tank_vdev::{
     usable_size, EventLog, IoBatch, Layout, Leaf, LeafStatsSnapshot, ParityCodec, RaidzGeometry,
     TopVdev, VdevState, MIN_DEVICE_SIZE,
@@ -34,6 +34,7 @@ use tank_vdev::{
 use crate::commit::{
     decode_objset_table, encode_objset_table, RootBlock, SpaceMapBlock, CONDENSE_CHAIN,
 };
+use crate::config::HostIdentity;
 use crate::config::{
     feature_meaning, hostname, now_secs, unsupported_features, LeafConfig, PoolConfig, PoolState,
     TopConfig, TopKind, VdevClass, CREATE_FEATURES, FEATURE_INTENT_LOG, FORMAT_VERSION,
@@ -41,6 +42,7 @@ use crate::config::{
 };
 use crate::history::{self, HistoryRecord};
 use crate::label::{self, Uberblock};
+use crate::mmp::{self, HeartbeatWriter, MmpTunables};
 use crate::spec::{PoolSpec, VdevSpec};
 use crate::txg::{Tx, TxgManager, TxgTunables};
 use crate::PoolError;
@@ -73,6 +75,10 @@ pub struct CreateOptions {
     pub ashift: u32,
     pub force: bool,
     pub tunables: TxgTunables,
+    /// Who creates the pool (recorded in the labels as its importer).
+    pub host: HostIdentity,
+    /// The heartbeat's timing, once `multihost` is turned on.
+    pub mmp: MmpTunables,
 }
 
 impl Default for CreateOptions {
@@ -81,6 +87,8 @@ impl Default for CreateOptions {
             ashift: 12,
             force: false,
             tunables: TxgTunables::default(),
+            host: HostIdentity::this_host(),
+            mmp: MmpTunables::default(),
         }
     }
 }
@@ -100,6 +108,10 @@ pub struct ImportOptions {
     /// The features this build reads (None: `SUPPORTED_FEATURES`). Tests give a smaller set
     /// to import as a build that lacks a feature would.
     pub supported_features: Option<&'static [&'static str]>,
+    /// Who imports: a pool active for another host or instance needs `force`.
+    pub host: HostIdentity,
+    /// The activity check's and the heartbeat's timing (pools with `multihost` on).
+    pub mmp: MmpTunables,
 }
 
 /// A pool found on devices, for `pool import` without a name.
@@ -194,6 +206,14 @@ pub struct Pool {
     /// Whether the labels list `intent_log` (`FEATURE_INTENT_LOG`): set before the first log
     /// write, cleared when the pool is closed cleanly. Held while the labels change.
     log_feature: Mutex<bool>,
+    /// Who imported the pool (written into the labels).
+    host: HostIdentity,
+    mmp: MmpTunables,
+    /// The multihost heartbeat thread (`mmp.rs`), while `multihost` is on.
+    heartbeat: Mutex<Option<JoinHandle<()>>>,
+    /// When a heartbeat last reached a device (None: no heartbeat runs). The sync thread
+    /// looks too, so that a heartbeat stuck on a hung device still stops the writes.
+    heartbeat_at: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -426,7 +446,7 @@ impl Pool {
             name: name.to_string(),
             guid: new_guid(),
             state: PoolState::Active,
-            hostname: hostname(),
+            hostname: opts.host.hostname.clone(),
             txg: 1,
             create_time: now_secs(),
             features: CREATE_FEATURES.iter().map(|s| s.to_string()).collect(),
@@ -435,13 +455,18 @@ impl Pool {
             vdevs,
             prev_guid_sums: Vec::new(),
             autoreplace: false,
+            hostid: opts.host.hostid,
+            instance: opts.host.instance,
+            multihost: false,
         };
         let devs: HashMap<u64, DeviceRef> = config
             .leaves()
             .map(|(_, l)| (l.guid, devices[&l.path].clone()))
             .collect();
         let result = (|| {
-            let pool = Self::assemble(config.clone(), &devs, opts.tunables, 1, Vec::new())?;
+            let mut pool = Self::assemble(config.clone(), &devs, opts.tunables, 1, Vec::new())?;
+            pool.host = opts.host.clone();
+            pool.mmp = opts.mmp;
             pool.write_config(PoolState::Active)?;
             {
                 let mut alloc = pool.blocks.alloc.lock();
@@ -587,6 +612,10 @@ impl Pool {
             import_notes: notes,
             zil: crate::zil::IntentLog::new(None),
             log_feature: Mutex::new(false),
+            host: HostIdentity::this_host(),
+            mmp: MmpTunables::default(),
+            heartbeat: Mutex::new(None),
+            heartbeat_at: Mutex::new(None),
         })
     }
 
@@ -1426,7 +1455,9 @@ impl Pool {
                 }
             }
             c.state = state;
-            c.hostname = hostname();
+            c.hostname = self.host.hostname.clone();
+            c.hostid = self.host.hostid;
+            c.instance = self.host.instance;
             c.txg = c.txg.max(self.txg.synced_txg()) + 1;
             c.clone()
         };
@@ -1588,14 +1619,33 @@ impl Pool {
                     "cannot import '{name}': pool was destroyed; use -f to import it anyway"
                 )))
             }
-            PoolState::Active if config.hostname != hostname() && !opts.force => {
-                return Err(PoolError::Import(format!(
-                    "cannot import '{name}': pool may be in use from another system (host '{}'); use -f to import it anyway",
-                    config.hostname
-                )))
+            PoolState::Active if !config.imported_by(&opts.host) && !opts.force => {
+                return Err(PoolError::Import(
+                    if config.hostname != opts.host.hostname
+                        || config.hostid != 0 && config.hostid != opts.host.hostid
+                    {
+                        format!(
+                        "cannot import '{name}': pool may be in use from another system (host '{}', hostid 0x{:08x}); export it there, or use -f to import it anyway",
+                        config.hostname, config.hostid
+                    )
+                    } else {
+                        format!(
+                        "cannot import '{name}': pool may be in use by another tank instance on this host (instance {:016x}, another data directory); export it there, or use -f to import it anyway",
+                        config.instance
+                    )
+                    },
+                ));
             }
             _ => {}
         }
+        // With multihost on, the activity check: claim the devices and watch for another
+        // writer (refused even with -f when one shows).
+        let session = if config.multihost {
+            let devs: Vec<&dyn BlockDevice> = mine.iter().map(|(_, d)| d.as_ref()).collect();
+            Some(mmp::claim(&devs, &config, &opts.host, &opts.mmp)?)
+        } else {
+            None
+        };
         let mut devs: HashMap<u64, DeviceRef> = HashMap::new();
         for (l, dev) in &mine {
             devs.entry(l.leaf_guid).or_insert_with(|| dev.clone());
@@ -1608,6 +1658,8 @@ impl Pool {
         }
         let tunables = opts.tunables.unwrap_or_default();
         let mut pool = Self::assemble(config.clone(), &devs, tunables, 1, notes)?;
+        pool.host = opts.host.clone();
+        pool.mmp = opts.mmp;
         for (class, top) in &pool.tops() {
             if *class == VdevClass::Normal && !top.readable() {
                 let missing: Vec<String> = top
@@ -1757,6 +1809,9 @@ impl Pool {
         pool.write_config(PoolState::Active)?;
         let pool = Arc::new(pool);
         pool.start_sync_thread();
+        if let Some(session) = session {
+            pool.start_heartbeat(session);
+        }
         Ok(pool)
     }
 
@@ -2054,6 +2109,74 @@ impl Pool {
         self.wait_txg(target)
     }
 
+    /// Starts writing the multihost heartbeat, going on with the import's claim `session`.
+    fn start_heartbeat(self: &Arc<Self>, session: u64) {
+        let writer = HeartbeatWriter::new(&self.config(), &self.host, session, self.mmp.interval);
+        let weak = Arc::downgrade(self);
+        *self.heartbeat_at.lock() = Some(Instant::now());
+        let handle = std::thread::Builder::new()
+            .name("mmp-heartbeat".into())
+            .spawn(move || heartbeat_loop(weak, writer))
+            .expect("spawn heartbeat thread");
+        if let Some(old) = self.heartbeat.lock().replace(handle) {
+            old.thread().unpark();
+            let _ = old.join();
+        }
+    }
+
+    /// Stops the heartbeat thread (the pool is closing, or `multihost` was turned off).
+    fn stop_heartbeat(&self) {
+        *self.heartbeat_at.lock() = None;
+        let handle = self.heartbeat.lock().take();
+        if let Some(h) = handle {
+            if h.thread().id() != std::thread::current().id() {
+                h.thread().unpark();
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// The `multihost` property (recorded in the labels). Turning it on starts the
+    /// heartbeat at once; an import of the pool from now on watches for it.
+    pub fn set_multihost(self: &Arc<Self>, on: bool) -> Result<(), PoolError> {
+        if let Some(f) = self.suspended() {
+            return Err(self.suspended_error(f));
+        }
+        let was = std::mem::replace(&mut self.config.lock().multihost, on);
+        self.write_config(PoolState::Active)?;
+        if on && !was {
+            self.start_heartbeat(rand::random::<u64>() | 1);
+        } else if !on {
+            self.stop_heartbeat();
+        }
+        Ok(())
+    }
+
+    /// With a heartbeat running: refuses to write once none reached a device for the
+    /// fail-stop delay (another host may be importing the pool by now).
+    fn heartbeat_check(&self) -> Result<(), PoolError> {
+        let Some(at) = *self.heartbeat_at.lock() else {
+            return Ok(());
+        };
+        let silent = at.elapsed();
+        if silent > self.mmp.fail_after() {
+            return Err(PoolError::Multihost(format!(
+                "multihost: no heartbeat could be written for {:.1} s (the limit is {:.1} s); the pool stops writing so that another host may import it safely",
+                silent.as_secs_f64(),
+                self.mmp.fail_after().as_secs_f64()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the multihost heartbeat is being written.
+    pub fn heartbeat_running(&self) -> bool {
+        self.heartbeat
+            .lock()
+            .as_ref()
+            .is_some_and(|h| !h.is_finished())
+    }
+
     fn start_sync_thread(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let handle = std::thread::Builder::new()
@@ -2066,6 +2189,7 @@ impl Pool {
     /// One pass of the sync thread: quiesce the open txg and commit it. Returns false when
     /// there was nothing to do.
     fn sync_once(&self) -> Result<bool, PoolError> {
+        self.heartbeat_check()?;
         let syncer = self.syncer.lock().clone();
         let txg = {
             let _gate = self.txg.gate.write();
@@ -2214,6 +2338,8 @@ impl Pool {
         blocks.flush_all(&batch);
         let _ = batch.wait();
         blocks.check_writable()?;
+        // The uberblock makes the txg the pool: not once another host may have taken it.
+        self.heartbeat_check()?;
         let ub = Uberblock {
             version: FORMAT_VERSION,
             ashift: self.ashift(),
@@ -2379,6 +2505,7 @@ impl Pool {
         if let Some(h) = handle {
             let _ = h.join();
         }
+        self.stop_heartbeat();
         self.sync_stopped.store(true, Ordering::Release);
         self.txg.cv.notify_all();
         synced
@@ -2707,6 +2834,46 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Writes a heartbeat record every `interval / leaves` until the pool closes or `multihost`
+/// is turned off; suspends the pool when none could be written for the fail-stop delay.
+fn heartbeat_loop(pool: std::sync::Weak<Pool>, mut writer: HeartbeatWriter) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        if p.is_closed() || !p.config.lock().multihost || p.suspended().is_some() {
+            return;
+        }
+        let devices: Vec<DeviceRef> = p
+            .leaves()
+            .iter()
+            .filter(|l| l.is_usable())
+            .filter_map(|l| l.device())
+            .collect();
+        let devs: Vec<&dyn BlockDevice> = devices.iter().map(|d| d.as_ref()).collect();
+        let silent = writer.beat(&devs, p.ashift(), p.synced_txg());
+        if let Some(at) = p.heartbeat_at.lock().as_mut() {
+            *at = Instant::now().checked_sub(silent).unwrap_or(*at);
+        }
+        let tick = p.mmp.interval / u32::try_from(devs.len().max(1)).unwrap_or(u32::MAX);
+        if let Err(e) = p.heartbeat_check() {
+            let reason = e.to_string();
+            p.events.post(
+                "ereport.fs.zfs.mmp_fail",
+                None,
+                format!("session={:016x} {reason}", writer.session()),
+            );
+            let mut inner = p.txg.inner.lock();
+            if inner.failed.is_none() {
+                inner.failed = Some(reason);
+            }
+            p.txg.cv.notify_all();
+            return;
+        }
+        drop(devices);
+        drop(p);
+        std::thread::park_timeout(tick);
+    }
 }
 
 fn sync_loop(pool: std::sync::Weak<Pool>) {

@@ -18,7 +18,9 @@ use crate::api::{
     ScrubAction as ScanAction,
 };
 use crate::error::ServiceError;
-use crate::pools::{cache_entry, open_datasets, open_for_create, scan_dirs, Opened, PoolCache};
+use crate::pools::{
+    cache_entry, host_identity, open_datasets, open_for_create, scan_dirs, Opened, PoolCache,
+};
 use crate::service::{Ctx, Res, Service};
 
 impl Service {
@@ -287,6 +289,12 @@ impl Service {
                         if cfg.autoreplace { "on" } else { "off" }.into(),
                         if cfg.autoreplace { "local" } else { "default" },
                     ),
+                    p(
+                        "multihost",
+                        if cfg.multihost { "on" } else { "off" }.into(),
+                        if cfg.multihost { "local" } else { "default" },
+                    ),
+                    p("hostid", format!("0x{:08x}", cfg.hostid), "-"),
                 ]))
             }
             R::PoolSet {
@@ -294,9 +302,9 @@ impl Service {
                 property,
                 value,
             } => {
-                if property != "autoreplace" {
+                if property != "autoreplace" && property != "multihost" {
                     return Err(ServiceError::Invalid(format!(
-                        "cannot set '{property}': the settable pool property is autoreplace (ashift is fixed at creation)"
+                        "cannot set '{property}': the settable pool properties are autoreplace and multihost (ashift is fixed at creation)"
                     )));
                 }
                 let on = match value.as_str() {
@@ -309,7 +317,11 @@ impl Service {
                     }
                 };
                 self.changing(ctx, &name, |o, ctx| {
-                    o.pool.set_autoreplace(on).map_err(anyhow::Error::from)?;
+                    if property == "multihost" {
+                        o.pool.set_multihost(on).map_err(anyhow::Error::from)?;
+                    } else {
+                        o.pool.set_autoreplace(on).map_err(anyhow::Error::from)?;
+                    }
                     o.pool.log_history(&ctx.command);
                     Ok(Response::Done {
                         message: format!("set {property}={value} on pool '{name}'"),
@@ -532,6 +544,7 @@ impl Service {
         let opts = CreateOptions {
             ashift: ashift.unwrap_or(12),
             force,
+            host: host_identity(self.data_dir())?,
             ..Default::default()
         };
         let (pool, warnings) =
@@ -561,7 +574,7 @@ impl Service {
         };
         let cache = PoolCache::load(self.data_dir())?;
         let Some(name) = name else {
-            let devs = scan_dirs(&dirs, false)?;
+            let (devs, _) = scan_dirs(&dirs, false)?;
             let found = Pool::scan(&devs)
                 .into_iter()
                 .filter(|c| cache.find(&c.guid.to_string()).is_none())
@@ -575,7 +588,7 @@ impl Service {
                 "cannot import '{name}': a pool with that name is already imported"
             )));
         }
-        let devs = scan_dirs(&dirs, true)?;
+        let (devs, busy) = scan_dirs(&dirs, true)?;
         let pool = Pool::import(
             &devs,
             &ImportOptions {
@@ -583,11 +596,21 @@ impl Service {
                 rewind,
                 force,
                 missing_log,
-                tunables: None,
-                supported_features: None,
+                host: host_identity(self.data_dir())?,
+                ..Default::default()
             },
         )
-        .map_err(anyhow::Error::from)?;
+        .map_err(|e| {
+            if busy.is_empty() {
+                anyhow::Error::from(e)
+            } else {
+                anyhow::anyhow!(
+                    "{e}; {} device(s) there are in use by another process, which may have imported the pool: {}",
+                    busy.len(),
+                    busy.join(", ")
+                )
+            }
+        })?;
         for path in pool.autoreplace(&devs) {
             ctx.note(format!(
                 "note: autoreplace: the blank device at {path} replaced the missing one"

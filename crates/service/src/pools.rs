@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tank_dataset::Dsl;
 use tank_device::{DeviceRef, FileDevice, FileDeviceOptions};
 use tank_object::ObjectStore;
-use tank_pool::{ImportOptions, Pool};
+use tank_pool::{HostIdentity, ImportOptions, Pool};
 use tank_vdev::MIN_DEVICE_SIZE;
 
 /// One open pool: the pool, its object store and its dataset directory.
@@ -108,6 +108,39 @@ impl PoolCache {
     }
 }
 
+/// This data directory's tank instance id (`DATA_DIR/instance`, made at first use): the
+/// labels of the pools it imports name it, so that another data directory on the host does
+/// not take a pool this one holds without `-f`.
+pub fn instance_id(dir: &Path) -> Result<u64> {
+    let path = dir.join("instance");
+    let parse = |raw: &str| u64::from_str_radix(raw.trim(), 16).ok().filter(|&v| v != 0);
+    if let Ok(raw) = std::fs::read_to_string(&path) {
+        return parse(&raw)
+            .with_context(|| format!("{} does not hold an instance id", path.display()));
+    }
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    // Written aside and linked into place: two processes starting at once agree on one id.
+    let tmp = dir.join(format!("instance.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, format!("{:016x}\n", rand::random::<u64>() | 1))
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    if let Err(e) = linked {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(e).with_context(|| format!("cannot write {}", path.display()));
+        }
+    }
+    let raw = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    parse(&raw).with_context(|| format!("{} does not hold an instance id", path.display()))
+}
+
+/// Who this data directory's service is, for the labels of the pools it imports.
+pub fn host_identity(dir: &Path) -> Result<HostIdentity> {
+    Ok(HostIdentity::instance(instance_id(dir)?))
+}
+
 pub fn cache_entry(pool: &Pool) -> CachedPool {
     let cfg = pool.config();
     CachedPool {
@@ -144,8 +177,11 @@ pub fn direct_io() -> bool {
 
 /// Every file in `dirs` large enough to be a member device, opened for import. The
 /// directories must be absolute (the cache file and the labels name devices from anywhere).
-pub fn scan_dirs(dirs: &[PathBuf], lock: bool) -> Result<Vec<DeviceRef>> {
+/// With `lock`, files another process holds locked (a pool imported there) are skipped and
+/// listed in the second part.
+pub fn scan_dirs(dirs: &[PathBuf], lock: bool) -> Result<(Vec<DeviceRef>, Vec<String>)> {
     let mut out = Vec::new();
+    let mut busy = Vec::new();
     for dir in dirs {
         let dir = &std::fs::canonicalize(dir)
             .with_context(|| format!("cannot read directory {}", dir.display()))?;
@@ -168,12 +204,16 @@ pub fn scan_dirs(dirs: &[PathBuf], lock: bool) -> Result<Vec<DeviceRef>> {
                 read_only: !lock,
                 exclusive_lock: lock,
             };
-            if let Ok(d) = FileDevice::open(&path, &opts) {
-                out.push(Arc::new(d) as DeviceRef);
+            match FileDevice::open(&path, &opts) {
+                Ok(d) => out.push(Arc::new(d) as DeviceRef),
+                Err(tank_device::DeviceError::Invalid { what, .. }) if what.contains("locked") => {
+                    busy.push(path.display().to_string())
+                }
+                Err(_) => {}
             }
         }
     }
-    Ok(out)
+    Ok((out, busy))
 }
 
 /// Opens the devices named in a create spec (absolute paths), creating sparse files when
@@ -261,6 +301,7 @@ impl Pools {
             &devs,
             &ImportOptions {
                 name: Some(entry.guid.to_string()),
+                host: host_identity(data_dir)?,
                 ..Default::default()
             },
         )

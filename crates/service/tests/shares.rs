@@ -67,6 +67,7 @@ fn shares_live_with_their_datasets() {
         ashift: 12,
         force: false,
         tunables: tunables(),
+        ..Default::default()
     };
     let (pool, _) = Pool::create(
         "tank",

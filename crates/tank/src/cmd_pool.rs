@@ -56,7 +56,7 @@ pub enum PoolCmd {
     Replace(ReplaceArgs),
     /// Attach a device to a disk (making a mirror) or to a mirror (one side more).
     Attach(AttachArgs),
-    /// Set a pool property: autoreplace=on|off.
+    /// Set a pool property: autoreplace=on|off, multihost=on|off.
     Set(PoolSetArgs),
     /// Show pool properties: all, or a comma-separated list.
     Get(PoolGetArgs),

@@ -69,7 +69,11 @@ fn create_default_pool(names: &[String]) -> Result<()> {
     tokens.extend(names.iter().cloned());
     let spec = PoolSpec::parse(&tokens, false)?;
     let devices = open_for_create(names, Some(DEFAULT_DEVICE_SIZE))?;
-    let (pool, _) = Pool::create(DEFAULT_POOL, &spec, &devices, &CreateOptions::default())?;
+    let opts = CreateOptions {
+        host: tank_service::pools::host_identity(&dir)?,
+        ..Default::default()
+    };
+    let (pool, _) = Pool::create(DEFAULT_POOL, &spec, &devices, &opts)?;
     let made = (|| -> Result<()> {
         pool.log_history("tank (create the default pool)");
         let (store, dsl) = open_datasets(&pool)?;

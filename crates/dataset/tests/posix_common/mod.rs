@@ -191,6 +191,7 @@ pub fn mem_pool(
         ashift: 12,
         force: false,
         tunables,
+        ..Default::default()
     };
     let (pool, _) = Pool::create("ptest", &spec(&names.join(" ")), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
@@ -280,6 +281,7 @@ pub fn sim_pool(
         ashift: 12,
         force: false,
         tunables: manual_txgs(),
+        ..Default::default()
     };
     let (pool, _) = Pool::create("sim", &spec(&sim_layout(&names)), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
@@ -310,6 +312,7 @@ pub fn import_devs(
             missing_log: false,
             tunables: Some(manual_txgs()),
             supported_features: None,
+            ..Default::default()
         },
     )
     .map_err(|e| e.to_string())?;

@@ -91,6 +91,7 @@ pub fn sim_pool(
         ashift: 12,
         force: false,
         tunables: manual_txgs(),
+        ..Default::default()
     };
     let (pool, _) = Pool::create("sim", &spec(&spec_text), &map, &opts).unwrap();
     let store = ObjectStore::open(pool.clone()).unwrap();
@@ -122,6 +123,7 @@ pub fn import_devs(
             missing_log: false,
             tunables: Some(manual_txgs()),
             supported_features: None,
+            ..Default::default()
         },
     )
     .map_err(|e| e.to_string())?;
