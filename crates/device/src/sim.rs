@@ -85,6 +85,9 @@ pub struct FaultConfig {
     /// pages of a file whose fsync failed ("fsyncgate"): a caller that retries the flush and
     /// takes its success as the writes' loses them.
     pub flush_error: f64,
+    /// Every read and write takes this long before it is served (a sick disk retrying its
+    /// sectors: seconds per I/O where a healthy one takes milliseconds).
+    pub delay: std::time::Duration,
 }
 
 /// Counters of one device. Calls are counted whatever their outcome; bytes only on success.
@@ -313,6 +316,14 @@ impl SimDevice {
         self.inner.state.lock().faults
     }
 
+    /// Waits `FaultConfig::delay` (outside the device's lock: other I/O may go on).
+    fn sick_delay(&self) {
+        let delay = self.inner.state.lock().faults.delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+    }
+
     /// Persistent bit rot: inverts every bit of `[offset, offset + len)` in the stored data,
     /// durable and pending alike, so that reads and every crash image see it.
     pub fn corrupt(&self, offset: u64, len: usize) -> Result<()> {
@@ -415,6 +426,7 @@ impl fmt::Debug for SimDevice {
 
 impl BlockDevice for SimDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.sick_delay();
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
         st.stats.reads += 1;
@@ -446,6 +458,7 @@ impl BlockDevice for SimDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.sick_delay();
         let mut guard = self.inner.state.lock();
         let st = &mut *guard;
         st.stats.writes += 1;
@@ -871,6 +884,7 @@ mod tests {
             misdirect_write: 0.1,
             lost_write: 0.1,
             flush_error: 0.0,
+            ..Default::default()
         };
         devs.iter().for_each(|d| d.set_faults(faults));
         let mut out = Vec::new();

@@ -4,14 +4,19 @@
 //! finds the last committed txg whole); on a mirror or RAID-Z the device is FAULTED, the txg
 //! commits on the others, and a resilver after `clear` rewrites everything the device missed,
 //! the txg of the failed flush included. Also: a device that fails every I/O from a point
-//! on is faulted while the pool serves from redundancy and says so in its status.
+//! on, or that becomes very slow (a sick disk, seconds per I/O), is faulted while the pool
+//! serves from redundancy and says so in its status; a slow device the vdev cannot spare is
+//! kept in use, DEGRADED.
 
 mod common;
 
 use common::*;
+use std::time::{Duration, Instant};
+
 use tank_device::{FaultConfig, SimDevice, SimFleet};
 use tank_object::{ObjectStore, ScanPhase, ROOT_OBJSET};
-use tank_vdev::VdevState;
+use tank_pool::{Pool, SlowIoPolicy};
+use tank_vdev::{Leaf, VdevState};
 
 const DEV: u64 = 64 << 20;
 
@@ -159,4 +164,103 @@ fn a_device_failing_every_io_is_faulted_and_the_pool_serves_from_parity() {
     pool.export().unwrap();
     let (_pool, store) = reimport(&devs);
     verify(&store, &model).unwrap();
+}
+
+/// Sickness scaled down for a test: "slow" is 100 ms instead of 3 s, and 4 slow I/Os in a
+/// minute make a verdict instead of 10; the sick device takes 250 ms per read or write.
+fn make_sick(pool: &Pool, dev: &SimDevice) {
+    pool.set_slow_io_policy(SlowIoPolicy {
+        threshold: Duration::from_millis(100),
+        count: 4,
+        window: Duration::from_secs(60),
+    });
+    dev.set_faults(FaultConfig {
+        delay: Duration::from_millis(250),
+        ..Default::default()
+    });
+}
+
+/// Writes objects, a txg each, until `leaf` leaves ONLINE (at most 20 txgs or 60 s).
+fn write_until_judged(store: &ObjectStore, model: &mut Model, pool: &Pool, leaf: &Leaf) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for seed in 100..120 {
+        if leaf.state() != VdevState::Online || Instant::now() > deadline {
+            break;
+        }
+        write_object(store, model, seed);
+        store.sync().unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_ne!(leaf.state(), VdevState::Online, "{:?}", pool.status());
+}
+
+#[test]
+fn a_sick_device_taking_seconds_per_io_is_faulted_and_the_pool_serves_from_parity() {
+    let fleet = SimFleet::new(44);
+    let (devs, pool, store) = sim_pool(&fleet, "raidz2", 6, DEV);
+    let mut model = populate(&store, 44, 20);
+    make_sick(&pool, &devs[3]);
+    let (_, leaf) = &pool.leaf_list()[3];
+    write_until_judged(&store, &mut model, &pool, leaf);
+    assert_eq!(leaf.state(), VdevState::Faulted);
+    let reason = leaf.reason().unwrap_or_default();
+    assert!(reason.contains("too many slow I/Os"), "{reason}");
+    assert!(leaf.stats.snapshot().slow_ios >= 4);
+    assert_eq!(pool.state(), "DEGRADED");
+    let events = pool.events.newest(500);
+    assert!(events.iter().any(|e| e.class == "ereport.fs.zfs.delay"));
+    assert!(format!("{:?}", pool.status()).contains("FAULTED"));
+    // From now on the sick device gets no I/O; the pool writes and reads on the others.
+    let touched = devs[3].stats();
+    for seed in 200..203 {
+        write_object(&store, &mut model, seed);
+    }
+    store.sync().unwrap();
+    verify(&store, &model).unwrap();
+    let after = devs[3].stats();
+    assert_eq!(
+        (after.reads, after.writes),
+        (touched.reads, touched.writes),
+        "I/O was sent to the faulted device"
+    );
+    // The disk is replaced by a healthy one in the same place (here: it recovers); after
+    // clear, the resilver rewrites what it missed, and it reads without two others.
+    devs[3].set_faults(FaultConfig::default());
+    pool.clear(None).unwrap();
+    if store.resilver_start().unwrap() {
+        store.scan_wait();
+        store.sync().unwrap();
+    }
+    assert_eq!(pool.state(), "ONLINE");
+    drop(store);
+    pool.export().unwrap();
+    devs[0].set_gone(true);
+    devs[4].set_gone(true);
+    let (pool, store) = reimport(&devs);
+    verify(&store, &model).unwrap();
+    drop(store);
+    pool.export().unwrap();
+}
+
+#[test]
+fn a_sick_device_its_vdev_cannot_spare_stays_in_use_degraded() {
+    let fleet = SimFleet::new(45);
+    let (devs, pool, store) = sim_pool(&fleet, "", 1, DEV);
+    let mut model = populate(&store, 45, 10);
+    make_sick(&pool, &devs[0]);
+    let (_, leaf) = &pool.leaf_list()[0];
+    write_until_judged(&store, &mut model, &pool, leaf);
+    assert_eq!(leaf.state(), VdevState::Degraded);
+    let reason = leaf.reason().unwrap_or_default();
+    assert!(reason.contains("no redundancy to spare"), "{reason}");
+    assert_eq!(pool.state(), "DEGRADED");
+    // Slow, but everything still works and nothing is lost.
+    write_object(&store, &mut model, 300);
+    store.sync().unwrap();
+    verify(&store, &model).unwrap();
+    devs[0].set_faults(FaultConfig::default());
+    pool.clear(None).unwrap();
+    assert_eq!(pool.state(), "ONLINE");
+    drop(store);
+    pool.export().unwrap();
 }

@@ -28,7 +28,7 @@ use tank_block::{
 use tank_device::{BlockDevice, DeviceRef};
 use tank_vdev::{
     usable_size, EventLog, IoBatch, Layout, Leaf, LeafStatsSnapshot, ParityCodec, RaidzGeometry,
-    TopVdev, VdevState, MIN_DEVICE_SIZE,
+    SlowIoPolicy, TopVdev, VdevState, MIN_DEVICE_SIZE,
 };
 
 use crate::commit::{
@@ -214,6 +214,8 @@ pub struct Pool {
     /// When a heartbeat last reached a device (None: no heartbeat runs). The sync thread
     /// looks too, so that a heartbeat stuck on a hung device still stops the writes.
     heartbeat_at: Mutex<Option<Instant>>,
+    /// Acts on the leaves' slow I/O verdicts (`health_loop`).
+    health: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -616,6 +618,7 @@ impl Pool {
             mmp: MmpTunables::default(),
             heartbeat: Mutex::new(None),
             heartbeat_at: Mutex::new(None),
+            health: Mutex::new(None),
         })
     }
 
@@ -2177,8 +2180,40 @@ impl Pool {
             .is_some_and(|h| !h.is_finished())
     }
 
+    /// Sets what counts as a slow I/O on every leaf (tests; the default is ZFS's practice,
+    /// see `tank_vdev::SlowIoPolicy`).
+    pub fn set_slow_io_policy(&self, policy: SlowIoPolicy) {
+        for leaf in self.leaves() {
+            leaf.set_slow_io_policy(policy);
+        }
+    }
+
+    /// Acts on slow I/O verdicts: a leaf whose vdev can spare it is FAULTED (its blocks are
+    /// read from redundancy, its queue fails at once), another is DEGRADED.
+    fn judge_slow_leaves(&self) {
+        for (_, top) in self.tops() {
+            for leaf in &top.leaves {
+                if leaf.take_slow_verdict() {
+                    let state = leaf.judge_slow(top.can_spare(leaf));
+                    if state == VdevState::Faulted {
+                        // The pool is no longer healthy: waiters see the change.
+                        self.note_change();
+                    }
+                }
+            }
+        }
+    }
+
     fn start_sync_thread(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
+        let health = std::thread::Builder::new()
+            .name("vdev-health".into())
+            .spawn({
+                let weak = weak.clone();
+                move || health_loop(weak)
+            })
+            .expect("spawn health thread");
+        *self.health.lock() = Some(health);
         let handle = std::thread::Builder::new()
             .name("txg-sync".into())
             .spawn(move || sync_loop(weak))
@@ -2506,6 +2541,11 @@ impl Pool {
             let _ = h.join();
         }
         self.stop_heartbeat();
+        let health = self.health.lock().take();
+        if let Some(h) = health {
+            h.thread().unpark();
+            let _ = h.join();
+        }
         self.sync_stopped.store(true, Ordering::Release);
         self.txg.cv.notify_all();
         synced
@@ -2873,6 +2913,20 @@ fn heartbeat_loop(pool: std::sync::Weak<Pool>, mut writer: HeartbeatWriter) {
         drop(devices);
         drop(p);
         std::thread::park_timeout(tick);
+    }
+}
+
+/// Looks at the leaves' slow I/O verdicts five times a second, apart from the sync thread
+/// (which may be waiting on the slow device itself).
+fn health_loop(pool: std::sync::Weak<Pool>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        if p.is_closed() {
+            return;
+        }
+        p.judge_slow_leaves();
+        drop(p);
+        std::thread::park_timeout(Duration::from_millis(200));
     }
 }
 

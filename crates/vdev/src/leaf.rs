@@ -17,6 +17,17 @@
 //! 10 minutes FAULT a leaf, 10 checksum errors within 10 minutes make it DEGRADED (still
 //! used, but the pool is no longer healthy) until `clear`.
 //!
+//! # Slow devices
+//! A sick disk often answers, only in seconds (retrying a sector, a failing head), and drags
+//! every stripe it is in down to its pace. A read or write that took longer than the slow
+//! I/O threshold (ZFS's zio_slow_io_ms; 3 s here: a healthy disk under load takes tens of
+//! milliseconds, flushes are not counted) is counted (`slow_ios`, the SLOW column of
+//! `zpool status -s`) and reported as a `delay` event; `slow_io_n` of them within
+//! `slow_io_t` (10 in 60 s, as ZFS's fault manager counts them) raise the leaf's verdict,
+//! which the pool acts on: FAULTED when its vdev can spare it (the reads then come from
+//! redundancy), DEGRADED otherwise. A FAULTED leaf's queued reads and writes fail at once
+//! instead of waiting their turn at the sick device.
+//!
 //! # Missing txgs (ZFS's dirty time log)
 //! A leaf that was offline, faulted or missing while txgs committed lacks their blocks. Its
 //! `dtl` is that txg range: reads of blocks born in it treat the leaf as missing (no false
@@ -149,6 +160,8 @@ pub struct LeafStats {
     /// How long reads and writes took at the device (the queue's wait excluded).
     pub read_latency: LatencyHistogram,
     pub write_latency: LatencyHistogram,
+    /// Reads and writes that took longer than the slow I/O threshold.
+    pub slow_ios: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
@@ -161,6 +174,8 @@ pub struct LeafStatsSnapshot {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub repaired_bytes: u64,
+    #[serde(default)]
+    pub slow_ios: u64,
 }
 
 impl LeafStats {
@@ -175,6 +190,7 @@ impl LeafStats {
             read_bytes: g(&self.read_bytes),
             write_bytes: g(&self.write_bytes),
             repaired_bytes: g(&self.repaired_bytes),
+            slow_ios: g(&self.slow_ios),
         }
     }
 
@@ -182,6 +198,7 @@ impl LeafStats {
         self.read_errors.store(0, Ordering::Relaxed);
         self.write_errors.store(0, Ordering::Relaxed);
         self.cksum_errors.store(0, Ordering::Relaxed);
+        self.slow_ios.store(0, Ordering::Relaxed);
     }
 }
 
@@ -268,6 +285,10 @@ pub struct Leaf {
         std::collections::VecDeque<std::time::Instant>,
         std::collections::VecDeque<std::time::Instant>,
     )>,
+    /// What counts as slow, and when the recent slow I/Os happened.
+    slow: Mutex<(SlowIoPolicy, std::collections::VecDeque<std::time::Instant>)>,
+    /// Too many slow I/Os: set here, taken by the pool, which decides what to do.
+    slow_verdict: std::sync::atomic::AtomicBool,
     pub stats: LeafStats,
     /// Usable bytes of the data area as recorded in the pool config (the pool's smallest member).
     pub asize: u64,
@@ -303,6 +324,8 @@ impl Leaf {
             dtl: Mutex::new(None),
             resilvering: std::sync::atomic::AtomicBool::new(false),
             recent: Mutex::new(Default::default()),
+            slow: Mutex::new(Default::default()),
+            slow_verdict: std::sync::atomic::AtomicBool::new(false),
             spare_for: Mutex::new(None),
         });
         if let Some(dev) = dev {
@@ -619,6 +642,81 @@ impl Leaf {
         }
     }
 
+    /// Sets what counts as a slow I/O and how many make a verdict.
+    pub fn set_slow_io_policy(&self, policy: SlowIoPolicy) {
+        let mut slow = self.slow.lock();
+        slow.0 = policy;
+        slow.1.clear();
+    }
+
+    pub fn slow_io_policy(&self) -> SlowIoPolicy {
+        self.slow.lock().0
+    }
+
+    /// Notes how long a read or write of `len` bytes at `offset` took at the device.
+    fn note_latency(&self, op: &str, offset: u64, len: usize, took: std::time::Duration) {
+        let verdict = {
+            let mut slow = self.slow.lock();
+            let policy = slow.0;
+            if took < policy.threshold {
+                return;
+            }
+            let now = std::time::Instant::now();
+            slow.1.push_back(now);
+            while slow
+                .1
+                .front()
+                .is_some_and(|t| now.duration_since(*t) > policy.window)
+            {
+                slow.1.pop_front();
+            }
+            slow.1.len() >= policy.count
+        };
+        self.stats.slow_ios.fetch_add(1, Ordering::Relaxed);
+        self.post(
+            "ereport.fs.zfs.delay",
+            format!(
+                "op={op} offset={offset:#x} size={len:#x} delay_ms={}",
+                took.as_millis()
+            ),
+        );
+        if verdict && self.state().usable() {
+            self.slow_verdict.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the leaf had too many slow I/Os since the last call (the pool then faults
+    /// it, or marks it DEGRADED when its vdev cannot spare it: [`Leaf::judge_slow`]).
+    pub fn take_slow_verdict(&self) -> bool {
+        self.slow_verdict.swap(false, Ordering::AcqRel)
+    }
+
+    /// Acts on a slow verdict: FAULTED when `can_spare` (the vdev reads all its blocks
+    /// without this leaf), else DEGRADED. Returns the new state.
+    pub fn judge_slow(&self, can_spare: bool) -> VdevState {
+        let policy = self.slow_io_policy();
+        let what = format!(
+            "too many slow I/Os ({} over {} ms in {} s)",
+            policy.count,
+            policy.threshold.as_millis(),
+            policy.window.as_secs()
+        );
+        if can_spare {
+            self.fault(format!("{what}; served from redundancy until 'clear'"));
+            VdevState::Faulted
+        } else {
+            if self.state() == VdevState::Online {
+                self.set_state(
+                    VdevState::Degraded,
+                    Some(format!(
+                        "{what}; still used: its vdev has no redundancy to spare"
+                    )),
+                );
+            }
+            self.state()
+        }
+    }
+
     /// Notes an error of a kind (`io` or checksum) now; true when there were `ERRORS_N`
     /// within `ERRORS_T`.
     fn too_many(&self, io: bool) -> bool {
@@ -637,6 +735,8 @@ impl Leaf {
     pub fn clear_errors(&self) {
         self.stats.clear_errors();
         *self.recent.lock() = Default::default();
+        self.slow.lock().1.clear();
+        self.slow_verdict.store(false, Ordering::Release);
         if self.state() == VdevState::Degraded {
             self.set_state(VdevState::Online, None);
         }
@@ -687,6 +787,26 @@ pub enum IoClass {
 const ERRORS_N: usize = 10;
 const ERRORS_T: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// What makes a device slow (see "Slow devices" in the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlowIoPolicy {
+    /// A read or write that took at least this long is slow (ZFS: zio_slow_io_ms).
+    pub threshold: std::time::Duration,
+    /// This many slow I/Os within `window` make a verdict (ZFS: slow_io_n, slow_io_t).
+    pub count: usize,
+    pub window: std::time::Duration,
+}
+
+impl Default for SlowIoPolicy {
+    fn default() -> Self {
+        Self {
+            threshold: std::time::Duration::from_secs(3),
+            count: 10,
+            window: std::time::Duration::from_secs(60),
+        }
+    }
+}
+
 /// Most reader threads per leaf: the reads a device has in flight at once (fewer when the
 /// device says it serves fewer, as a single-actuator disk does).
 const READ_QUEUE_DEPTH: usize = 4;
@@ -694,10 +814,18 @@ const READ_QUEUE_DEPTH: usize = 4;
 type ReadReq = (u64, usize, Sender<Result<Vec<u8>, DeviceError>>);
 
 fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
+    if leaf.state() == VdevState::Faulted {
+        // Queued before the leaf was faulted: fail now (the read is served from redundancy)
+        // rather than wait for a device known to be sick.
+        let _ = reply.send(Err(leaf.unavailable()));
+        return;
+    }
     let mut buf = vec![0u8; len];
     let started = std::time::Instant::now();
     let r = dev.read_at(&mut buf, offset);
-    leaf.stats.read_latency.record(started.elapsed());
+    let took = started.elapsed();
+    leaf.stats.read_latency.record(took);
+    leaf.note_latency("read", offset, len, took);
     leaf.stats.read_ops.fetch_add(1, Ordering::Relaxed);
     let r = match r {
         Ok(()) => {
@@ -756,6 +884,18 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
             }
         }
         let Some(leaf) = leaf.upgrade() else { return };
+        if leaf.state() == VdevState::Faulted {
+            // Faulted (a failed write, or a sick device): what is queued fails at once, as
+            // a request made now would; the leaf lacks those txgs until it is cleared.
+            for req in pending.drain(..) {
+                match req {
+                    Request::Write { batch, .. } | Request::Flush { batch } => {
+                        batch.finish(&leaf, Err(leaf.unavailable()))
+                    }
+                }
+            }
+            continue;
+        }
         let writes = pending
             .iter()
             .position(|r| matches!(r, Request::Flush { .. }))
@@ -787,6 +927,15 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
         let join = dev.joins_writes();
         let mut k = 0;
         while k < order.len() {
+            if leaf.state() == VdevState::Faulted {
+                // Faulted while this segment was being written: the rest fails at once.
+                for &i in &order[k..] {
+                    if let Some(Request::Write { batch, .. }) = segment[i].take() {
+                        batch.finish(&leaf, Err(leaf.unavailable()));
+                    }
+                }
+                break;
+            }
             let mut end = k + 1;
             let mut total = ranges[order[k]].1;
             while end < order.len() {
@@ -818,7 +967,9 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                 }
                 let started = std::time::Instant::now();
                 if dev.write_at(&joined, offset).is_ok() {
-                    leaf.stats.write_latency.record(started.elapsed());
+                    let took = started.elapsed();
+                    leaf.stats.write_latency.record(took);
+                    leaf.note_latency("write", offset, joined.len(), took);
                     leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
                     leaf.stats.write_bytes.fetch_add(total, Ordering::Relaxed);
                     head = offset + total;
@@ -833,7 +984,9 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
             for (offset, data, batch) in run {
                 let started = std::time::Instant::now();
                 let r = dev.write_at(&data, offset);
-                leaf.stats.write_latency.record(started.elapsed());
+                let took = started.elapsed();
+                leaf.stats.write_latency.record(took);
+                leaf.note_latency("write", offset, data.len(), took);
                 head = offset + data.len() as u64;
                 leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
                 match &r {

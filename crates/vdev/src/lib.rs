@@ -20,7 +20,7 @@ pub use events::{Event, EventLog};
 pub use leaf::{
     aligned_size, label_offsets, usable_size, IoBatch, IoClass, LatencyHistogram, Leaf,
     LeafStatsSnapshot, VdevState, BACK_RESERVE, FRONT_RESERVE, LABEL_SIZE, LATENCY_BUCKETS,
-    MIN_DEVICE_SIZE,
+    MIN_DEVICE_SIZE, SlowIoPolicy,
 };
 pub use raidz::{RaidzError, RaidzGeometry};
 pub use tree::{Fix, Layout, PendingRead, ReadReport, ScrubRead, TopVdev, VdevError};

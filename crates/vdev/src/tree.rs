@@ -216,6 +216,18 @@ impl TopVdev {
         self.leaves.iter().filter(|l| !l.is_usable()).count()
     }
 
+    /// Whether every block stays readable without `leaf`: the other leaves that are
+    /// unusable, lack txgs or are being rebuilt leave redundancy to spare.
+    pub fn can_spare(&self, leaf: &Leaf) -> bool {
+        let others_short = self
+            .leaves
+            .iter()
+            .filter(|l| l.guid() != leaf.guid())
+            .filter(|l| !l.is_usable() || l.dtl().is_some() || l.is_resilvering())
+            .count();
+        others_short < self.redundancy()
+    }
+
     /// True when every block of this vdev can still be read.
     pub fn readable(&self) -> bool {
         self.unusable() <= self.redundancy()
