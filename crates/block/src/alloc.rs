@@ -16,9 +16,14 @@
 //! Every change is also appended to `pending` as a [`SpaceRecord`]; the pool writes those records
 //! to the space map log when it commits the txg and replays them on import.
 //!
+//! Space map records come from a device: arithmetic on them, and on everything derived from
+//! them, is checked (`clippy::arithmetic_side_effects` is denied here).
+//!
 //! # Space reservation
 //! `slop` bytes (1/32 of the pool, at least 16 MiB where the pool is big enough) can be used only
 //! by metadata allocations, so a full pool still has room to commit the txgs that delete data.
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::BTreeMap;
 
@@ -28,20 +33,25 @@ use crate::BlockError;
 pub const DEFER_TXGS: u64 = 8;
 
 /// Fragmentation of a free extent by its size class (log2 of the size, from 512 B):
-/// the share of it, in percent, that counts as fragmented.
-const FRAG_TABLE: [u64; 17] = [
+/// the share of it, in percent, that counts as fragmented (none past the end of the table).
+const FRAG_TABLE: [u8; 17] = [
     100, 100, 98, 95, 90, 80, 70, 60, 50, 40, 30, 20, 15, 10, 5, 0, 0,
 ];
 
 /// Free-space fragmentation of free extents of the given lengths, weighted by length.
 fn frag_of(lengths: impl Iterator<Item = u64>) -> Option<u64> {
+    // A sum of u64 lengths weighted by at most 100 would need 2^57 extents to saturate.
     let (mut weighted, mut total) = (0u128, 0u128);
     for len in lengths.filter(|l| *l > 0) {
-        let class = (u64::BITS - 1 - len.leading_zeros()).saturating_sub(9) as usize;
-        weighted += u128::from(len) * u128::from(FRAG_TABLE[class.min(FRAG_TABLE.len() - 1)]);
-        total += u128::from(len);
+        let class = usize::try_from(len.ilog2().saturating_sub(9)).unwrap_or(usize::MAX);
+        let share = FRAG_TABLE.get(class).copied().unwrap_or(0);
+        weighted = weighted.saturating_add(u128::from(len).saturating_mul(u128::from(share)));
+        total = total.saturating_add(u128::from(len));
     }
-    (total > 0).then(|| (weighted / total) as u64)
+    // At most 100; None when nothing is free.
+    weighted
+        .checked_div(total)
+        .and_then(|f| u64::try_from(f).ok())
 }
 
 /// A set of disjoint, non-adjacent extents `[start, end)`.
@@ -73,11 +83,17 @@ impl RangeTree {
     /// 16 MiB and more (OpenZFS' table of metaslab fragmentation by segment size).
     /// None when there is no free space.
     pub fn fragmentation(&self) -> Option<u64> {
-        frag_of(self.iter().map(|(s, e)| e - s))
+        frag_of(self.lengths())
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.ranges.iter().map(|(&s, &e)| (s, e))
+    }
+
+    /// The length of each extent.
+    #[allow(clippy::arithmetic_side_effects)] // `add` and `remove` keep only `start < end`.
+    fn lengths(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ranges.iter().map(|(&s, &e)| e - s)
     }
 
     /// True when `[start, end)` lies wholly inside one extent.
@@ -100,14 +116,19 @@ impl RangeTree {
 
     /// Adds `[start, end)`, which must not overlap the tree; merges with neighbours.
     pub fn add(&mut self, start: u64, end: u64) -> Result<(), BlockError> {
-        if start >= end {
+        let Some(len) = end.checked_sub(start).filter(|&len| len > 0) else {
             return Ok(());
-        }
+        };
         if self.overlaps(start, end) {
             return Err(BlockError::SpaceMap(format!(
                 "range [{start:#x}, {end:#x}) is already in the tree"
             )));
         }
+        let bytes = self.bytes.checked_add(len).ok_or_else(|| {
+            BlockError::SpaceMap(format!(
+                "range [{start:#x}, {end:#x}) overflows the tree's byte count"
+            ))
+        })?;
         let mut new_start = start;
         let mut new_end = end;
         if let Some((&s, &e)) = self.ranges.range(..start).next_back() {
@@ -121,23 +142,25 @@ impl RangeTree {
             self.ranges.remove(&end);
         }
         self.ranges.insert(new_start, new_end);
-        self.bytes += end - start;
+        self.bytes = bytes;
         Ok(())
     }
 
     /// Removes `[start, end)`, which must lie wholly inside one extent.
     pub fn remove(&mut self, start: u64, end: u64) -> Result<(), BlockError> {
-        if start >= end {
+        let Some(len) = end.checked_sub(start).filter(|&len| len > 0) else {
             return Ok(());
-        }
+        };
+        let not_in_tree = || {
+            BlockError::SpaceMap(format!(
+                "range [{start:#x}, {end:#x}) is not wholly in the tree"
+            ))
+        };
         let (s, e) = match self.ranges.range(..=start).next_back() {
             Some((&s, &e)) if e >= end => (s, e),
-            _ => {
-                return Err(BlockError::SpaceMap(format!(
-                    "range [{start:#x}, {end:#x}) is not wholly in the tree"
-                )))
-            }
+            _ => return Err(not_in_tree()),
         };
+        let bytes = self.bytes.checked_sub(len).ok_or_else(not_in_tree)?;
         self.ranges.remove(&s);
         if s < start {
             self.ranges.insert(s, start);
@@ -145,15 +168,16 @@ impl RangeTree {
         if end < e {
             self.ranges.insert(end, e);
         }
-        self.bytes -= end - start;
+        self.bytes = bytes;
         Ok(())
     }
 
-    /// First extent at or after `cursor` (wrapping) with room for `size` bytes at `align`.
-    pub fn find(&self, cursor: u64, size: u64, align: u64) -> Option<u64> {
+    /// First extent at or after `cursor` (wrapping) with room for `size` bytes at `align`:
+    /// the room's `[start, end)`.
+    pub fn find(&self, cursor: u64, size: u64, align: u64) -> Option<(u64, u64)> {
         let fits = |s: u64, e: u64| {
-            let a = s.div_ceil(align) * align;
-            (a + size <= e).then_some(a)
+            let a = s.checked_next_multiple_of(align)?;
+            a.checked_add(size).filter(|&z| z <= e).map(|z| (a, z))
         };
         // The extent containing the cursor, then everything after it, then from the start.
         if let Some((&s, &e)) = self.ranges.range(..=cursor).next_back() {
@@ -210,7 +234,7 @@ impl SpaceRecord {
         if raw.len() < SPACE_RECORD_SIZE {
             return Err(BlockError::Decode("short space map record".into()));
         }
-        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(raw[o..][..8].try_into().expect("8 bytes"));
         let op = match u32::from_le_bytes(raw[4..8].try_into().expect("4 bytes")) {
             1 => SpaceOp::Alloc,
             2 => SpaceOp::Free,
@@ -246,6 +270,13 @@ fn release_txg(txg: u64) -> Result<u64, BlockError> {
         .ok_or_else(|| BlockError::SpaceMap(format!("free in impossible txg {txg}")))
 }
 
+/// `n` rounded down to a multiple of `align`; 0 for no alignment (a vdev without space).
+fn align_down(n: u64, align: u64) -> u64 {
+    n.checked_rem(align)
+        .and_then(|r| n.checked_sub(r))
+        .unwrap_or(0)
+}
+
 /// Allocation state of one top-level vdev.
 #[derive(Debug, Clone)]
 pub struct VdevSpace {
@@ -262,7 +293,8 @@ pub struct VdevSpace {
 
 impl VdevSpace {
     pub fn allocated(&self) -> u64 {
-        self.size - self.free.bytes()
+        // Free space is inside the vdev: never more than its size.
+        self.size.saturating_sub(self.free.bytes())
     }
 }
 
@@ -293,11 +325,11 @@ impl SpaceAllocator {
     /// Registers top-level vdev `id` with an address space of `size` bytes, all free.
     pub fn add_vdev(&mut self, id: u32, size: u64, align: u64, allocatable: bool) {
         let idx = id as usize;
-        if self.vdevs.len() <= idx {
-            self.vdevs.resize(idx + 1, None);
+        while self.vdevs.len() <= idx {
+            self.vdevs.push(None);
         }
         let mut free = RangeTree::new();
-        let size = size / align * align;
+        let size = align_down(size, align);
         free.add(0, size).expect("fresh tree");
         self.vdevs[idx] = Some(VdevSpace {
             free,
@@ -340,10 +372,7 @@ impl SpaceAllocator {
     /// Free-space fragmentation of the allocatable vdevs, in percent (see
     /// `RangeTree::fragmentation`); None when nothing is free.
     pub fn fragmentation(&self) -> Option<u64> {
-        frag_of(
-            self.spaces()
-                .flat_map(|v| v.free.iter().map(|(s, e)| e - s)),
-        )
+        frag_of(self.spaces().flat_map(|v| v.free.lengths()))
     }
 
     pub fn deferred_bytes(&self) -> u64 {
@@ -404,21 +433,22 @@ impl SpaceAllocator {
         let total_free = self.free_bytes();
         for (id, _) in candidates {
             let asize = asize_of(id);
-            if total_free < asize + reserve {
+            if total_free < asize.saturating_add(reserve) {
                 break;
             }
             let space = self.vdevs[id as usize].as_mut().expect("candidate exists");
             let start = if far {
-                (space.cursor + space.size / 4) % space.size.max(1) / space.align * space.align
+                let ahead = space.cursor.saturating_add(space.size / 4);
+                align_down(ahead.checked_rem(space.size).unwrap_or(0), space.align)
             } else {
                 space.cursor
             };
-            if let Some(offset) = space.free.find(start, asize, space.align) {
-                space.free.remove(offset, offset + asize)?;
+            if let Some((offset, end)) = space.free.find(start, asize, space.align) {
+                space.free.remove(offset, end)?;
                 if !far {
-                    space.cursor = offset + asize;
+                    space.cursor = end;
                 }
-                space.allocated_this_txg += asize;
+                space.allocated_this_txg = space.allocated_this_txg.saturating_add(asize);
                 self.pending.push(SpaceRecord {
                     vdev: id,
                     op: SpaceOp::Alloc,
@@ -439,10 +469,11 @@ impl SpaceAllocator {
             .iter()
             .rposition(|r| r.op == SpaceOp::Alloc && r.vdev == vdev && r.offset == offset)
             .ok_or_else(|| BlockError::SpaceMap("undo of an unknown allocation".into()))?;
-        self.pending.remove(pos);
         let space = self.vdevs[vdev as usize].as_mut().expect("known vdev");
+        let end = extent_end(vdev, offset, len, space.size, "undone allocation")?;
+        self.pending.remove(pos);
         space.allocated_this_txg = space.allocated_this_txg.saturating_sub(len);
-        space.free.add(offset, offset + len)
+        space.free.add(offset, end)
     }
 
     /// Makes sure an extent written outside a sync (by the intent log, before a crash) is
@@ -511,7 +542,8 @@ impl SpaceAllocator {
         for t in ready {
             for (vdev, offset, len) in self.deferred.remove(&t).unwrap_or_default() {
                 let space = self.vdevs[vdev as usize].as_mut().expect("known vdev");
-                space.free.add(offset, offset + len)?;
+                let end = extent_end(vdev, offset, len, space.size, "deferred free")?;
+                space.free.add(offset, end)?;
             }
         }
         for v in self.vdevs.iter_mut().flatten() {
@@ -570,23 +602,23 @@ impl SpaceAllocator {
             let Some(space) = space else { continue };
             let mut pos = 0;
             for (s, e) in space.free.iter() {
-                if s > pos {
+                if let Some(len) = s.checked_sub(pos).filter(|&len| len > 0) {
                     out.push(SpaceRecord {
                         vdev: id as u32,
                         op: SpaceOp::Alloc,
                         offset: pos,
-                        len: s - pos,
+                        len,
                         txg: 0,
                     });
                 }
                 pos = e;
             }
-            if pos < space.size {
+            if let Some(len) = space.size.checked_sub(pos).filter(|&len| len > 0) {
                 out.push(SpaceRecord {
                     vdev: id as u32,
                     op: SpaceOp::Alloc,
                     offset: pos,
-                    len: space.size - pos,
+                    len,
                     txg: 0,
                 });
             }
@@ -598,7 +630,8 @@ impl SpaceAllocator {
                     op: SpaceOp::Free,
                     offset,
                     len,
-                    txg: release - DEFER_TXGS,
+                    // Keys are `release_txg` values: DEFER_TXGS or more.
+                    txg: release.saturating_sub(DEFER_TXGS),
                 });
             }
         }
@@ -607,18 +640,19 @@ impl SpaceAllocator {
 
     /// Number of pending records a condensed description would need.
     pub fn condensed_len(&self) -> usize {
-        self.vdevs
+        let allocated = self
+            .vdevs
             .iter()
             .flatten()
-            .map(|v| v.free.len() + 1)
-            .sum::<usize>()
-            + self.deferred.values().map(Vec::len).sum::<usize>()
+            .map(|v| v.free.len().saturating_add(1));
+        allocated.chain(self.deferred.values().map(Vec::len)).sum()
     }
 
     /// True when `[offset, offset+len)` on `vdev` is allocated (used by verification).
     pub fn is_allocated(&self, vdev: u32, offset: u64, len: u64) -> bool {
         self.vdev(vdev)
-            .is_some_and(|v| offset + len <= v.size && !v.free.overlaps(offset, offset + len))
+            .zip(offset.checked_add(len))
+            .is_some_and(|(v, end)| end <= v.size && !v.free.overlaps(offset, end))
     }
 
     /// Starts (or restarts) remembering freed extents for a scan.
@@ -688,8 +722,8 @@ mod tests {
         assert_eq!(t.len(), 2);
         assert!(t.add(55, 70).is_err());
         assert!(t.remove(40, 70).is_err());
-        assert_eq!(t.find(0, 50, 1), Some(0));
-        assert_eq!(t.find(0, 60, 1), Some(60));
+        assert_eq!(t.find(0, 50, 1), Some((0, 50)));
+        assert_eq!(t.find(0, 60, 1), Some((60, 120)));
         assert_eq!(t.find(61, 1000, 1), None);
     }
 
@@ -747,19 +781,18 @@ mod tests {
 
     proptest! {
         #[test]
-        fn replaying_records_reproduces_state(ops in proptest::collection::vec((1u64..64, any::<bool>()), 1..200)) {
+        fn replaying_records_reproduces_state(ops in proptest::collection::vec((1u8..64, any::<bool>()), 1..200)) {
             let mut a = SpaceAllocator::new();
             a.add_vdev(0, 16 << 20, 512, true);
             a.add_vdev(1, 8 << 20, 512, true);
             let mut live = Vec::new();
             let mut log: Vec<(u64, Vec<SpaceRecord>)> = Vec::new();
-            for (txg, (sectors, free)) in ops.into_iter().enumerate() {
-                let txg = txg as u64 + 1;
+            for (txg, (sectors, free)) in (1u64..).zip(ops) {
                 a.begin_txg(txg).unwrap();
                 if free && !live.is_empty() {
                     let (v, o, l) = live.remove(0);
                     a.free(v, o, l, txg).unwrap();
-                } else if let Ok(x) = a.alloc(&|_| sectors * 512, &[], AllocClass::Metadata, txg) {
+                } else if let Ok(x) = a.alloc(&|_| u64::from(sectors) * 512, &[], AllocClass::Metadata, txg) {
                     live.push(x);
                 }
                 log.push((txg, a.take_pending()));
@@ -784,7 +817,10 @@ mod tests {
                 prop_assert_eq!(x.condensed(), a.condensed());
             }
             let allocated: u64 = live.iter().map(|x| x.2).sum();
-            prop_assert_eq!(a.size() - a.free_bytes(), allocated + a.deferred_bytes());
+            prop_assert_eq!(
+                a.size().checked_sub(a.free_bytes()),
+                allocated.checked_add(a.deferred_bytes())
+            );
         }
     }
 }

@@ -18,7 +18,10 @@
 //! # Invariants
 //! - A non-hole pointer has at least DVA 0 and `0 < psize <= lsize` unless compression is off,
 //!   in which case `psize == lsize`.
-//! - Decoding untrusted bytes never panics: unknown enum values give an error.
+//! - Decoding untrusted bytes never panics: unknown enum values give an error, and arithmetic
+//!   on decoded values is checked (`clippy::arithmetic_side_effects` is denied here).
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use crate::checksum::ChecksumKind;
 use crate::compress::Compression;
@@ -26,6 +29,8 @@ use crate::BlockError;
 
 pub const BLKPTR_SIZE: usize = 128;
 pub const MAX_DVAS: usize = 3;
+/// One DVA on disk.
+const DVA_SIZE: usize = 16;
 
 /// A data virtual address: a top-level vdev, an offset in its address space and the allocated size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -112,16 +117,15 @@ impl BlockPtr {
 
     pub fn encode(&self) -> [u8; BLKPTR_SIZE] {
         let mut out = [0u8; BLKPTR_SIZE];
-        for (i, dva) in self.dvas.iter().enumerate() {
-            let base = i * 16;
+        for (dva, b) in self.dvas.iter().zip(out.chunks_exact_mut(DVA_SIZE)) {
             debug_assert!(
                 dva.asize % 512 == 0,
                 "asize {} not in 512-byte units",
                 dva.asize
             );
-            out[base..base + 4].copy_from_slice(&dva.vdev.to_le_bytes());
-            out[base + 4..base + 8].copy_from_slice(&((dva.asize / 512) as u32).to_le_bytes());
-            out[base + 8..base + 16].copy_from_slice(&dva.offset.to_le_bytes());
+            b[0..4].copy_from_slice(&dva.vdev.to_le_bytes());
+            b[4..8].copy_from_slice(&((dva.asize / 512) as u32).to_le_bytes());
+            b[8..16].copy_from_slice(&dva.offset.to_le_bytes());
         }
         out[48] = self.kind as u8;
         out[49] = self.level;
@@ -144,9 +148,7 @@ impl BlockPtr {
                 "block pointer shorter than 128 bytes".into(),
             ));
         }
-        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().expect("4 bytes"));
-        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"));
-        let birth_txg = u64_at(64);
+        let birth_txg = u64_at(raw, 64);
         if birth_txg == 0 {
             if raw[..BLKPTR_SIZE].iter().any(|&b| b != 0) {
                 return Err(BlockError::Decode(
@@ -156,12 +158,11 @@ impl BlockPtr {
             return Ok(None);
         }
         let mut dvas = [Dva::default(); MAX_DVAS];
-        for (i, dva) in dvas.iter_mut().enumerate() {
-            let base = i * 16;
+        for (dva, b) in dvas.iter_mut().zip(raw.chunks_exact(DVA_SIZE)) {
             *dva = Dva {
-                vdev: u32_at(base),
-                asize: u64::from(u32_at(base + 4)) * 512,
-                offset: u64_at(base + 8),
+                vdev: u32_at(b, 0),
+                asize: u64::from(u32_at(b, 4)) * 512,
+                offset: u64_at(b, 8),
             };
         }
         if dvas[0].is_empty() {
@@ -175,14 +176,14 @@ impl BlockPtr {
             .ok_or_else(|| BlockError::Decode(format!("unknown checksum {}", raw[50])))?;
         let compression = Compression::from_u8(raw[51])
             .ok_or_else(|| BlockError::Decode(format!("unknown compression {}", raw[51])))?;
-        let flags = u32_at(52);
+        let flags = u32_at(raw, 52);
         if flags & !FLAG_GANG != 0 {
             return Err(BlockError::Decode(format!(
                 "unknown block pointer flags {flags:#x}"
             )));
         }
-        let lsize = u32_at(56);
-        let psize = u32_at(60);
+        let lsize = u32_at(raw, 56);
+        let psize = u32_at(raw, 60);
         if psize == 0 || lsize == 0 {
             return Err(BlockError::Decode("block pointer with zero size".into()));
         }
@@ -213,7 +214,7 @@ impl BlockPtr {
             lsize,
             psize,
             birth_txg,
-            fill: u64_at(72),
+            fill: u64_at(raw, 72),
             checksum,
             gang: flags & FLAG_GANG != 0,
         }))
@@ -244,6 +245,16 @@ impl BlockPtr {
             hex(&self.checksum[..8])
         )
     }
+}
+
+/// The little-endian u32 at `at` of `raw` (which the caller has checked is long enough).
+fn u32_at(raw: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(raw[at..][..4].try_into().expect("4 bytes"))
+}
+
+/// The little-endian u64 at `at` of `raw` (which the caller has checked is long enough).
+fn u64_at(raw: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(raw[at..][..8].try_into().expect("8 bytes"))
 }
 
 pub fn hex(bytes: &[u8]) -> String {

@@ -25,6 +25,7 @@ const TARGETS: &[(&str, Entry)] = &[
     ("tree_node", tank_object::fuzz::tree_node),
     ("object_header", tank_object::fuzz::object_header),
     ("log_record", tank_object::fuzz::log_record),
+    ("l2arc_log_block", tank_object::fuzz::l2arc_log_block),
     ("dataset_records", tank_dataset::fuzz::dataset_records),
     ("posix_records", tank_dataset::fuzz::posix_records),
     ("pool_image", tank_object::fuzz::pool_image),

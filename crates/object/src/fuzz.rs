@@ -18,6 +18,12 @@ pub fn log_record(data: &[u8]) {
     crate::zil::fuzz_record(data);
 }
 
+/// An L2ARC log block, its magic and checksum made to match (the checksum is in the pointer
+/// that leads to it), with the entries it lists.
+pub fn l2arc_log_block(data: &[u8]) {
+    crate::l2arc::fuzz_log_block(data);
+}
+
 /// A whole small pool, damaged: a raidz1 of three 64 MiB memory devices holding a few
 /// objects is made once; each input is read as changes of four bytes (device, region,
 /// place, bits) applied to a copy of the images, where the labels, uberblocks and the first

@@ -24,7 +24,10 @@
 //! with the write hand and a pointer to the newest log block. At import the chain is walked
 //! from the newest log block back, and the headers are rebuilt for every entry whose space
 //! no newer write has reused. A torn header or log block ends the walk: the cache is
-//! smaller, never wrong (every read is verified anyway).
+//! smaller, never wrong (every read is verified anyway). Arithmetic on what the header and
+//! the log blocks say is checked (`clippy::arithmetic_side_effects` is denied here).
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,6 +44,9 @@ use crate::arc::{AdaptiveCache, ArcKey};
 pub const L2_HDR_BYTES: u64 = 96;
 /// The device header: the first 4 KiB of a cache device's data area.
 const HEADER_SIZE: u64 = 4096;
+/// The device header's checksummed part: magic, pool guid, device guid, ring start and end,
+/// write hand, newest log pointer.
+const HEADER_BODY: usize = 8 + 8 * 5 + 44;
 const HEADER_MAGIC: &[u8; 8] = b"TANKL2H1";
 const LOG_MAGIC: &[u8; 8] = b"TANKL2L1";
 /// A log block's fixed part: magic, previous log pointer (address, length, checksum),
@@ -89,12 +95,19 @@ impl From<&ArcKey> for BlockId {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Hdr {
     dev: u64,
     daddr: u64,
     psize: u32,
     meta: bool,
+}
+
+impl Hdr {
+    /// The end of the block's space on the device (it lies in the ring: nothing saturates).
+    fn end(&self) -> u64 {
+        self.daddr.saturating_add(u64::from(self.psize))
+    }
 }
 
 /// Where a log block is: address, length, checksum (blake3).
@@ -141,10 +154,6 @@ struct Dev {
 impl Dev {
     fn sector(&self) -> u64 {
         self.top.sector()
-    }
-
-    fn round(&self, n: u64) -> u64 {
-        n.div_ceil(self.sector()) * self.sector()
     }
 }
 
@@ -223,12 +232,12 @@ impl L2Arc {
         let rebuilt = self.rebuild(&mut dev);
         let mut g = self.inner.lock();
         if let Some((entries, logs)) = rebuilt {
-            g.stats.l2_rebuild_success += 1;
-            g.stats.l2_rebuild_log_blks += logs;
+            g.stats.l2_rebuild_success = g.stats.l2_rebuild_success.saturating_add(1);
+            g.stats.l2_rebuild_log_blks = g.stats.l2_rebuild_log_blks.saturating_add(logs);
             for (id, hdr) in entries {
                 dev.by_addr.insert(hdr.daddr, id);
-                dev.bytes += u64::from(hdr.psize);
-                g.stats.l2_rebuild_bufs += 1;
+                dev.bytes = dev.bytes.saturating_add(u64::from(hdr.psize));
+                g.stats.l2_rebuild_bufs = g.stats.l2_rebuild_bufs.saturating_add(1);
                 g.hdrs.insert(id, hdr);
             }
         }
@@ -251,7 +260,7 @@ impl L2Arc {
                 return None;
             }
             let Some(hdr) = g.hdrs.get(&id).copied() else {
-                g.stats.l2_misses += 1;
+                g.stats.l2_misses = g.stats.l2_misses.saturating_add(1);
                 return None;
             };
             let top = g.devs.iter().find(|d| d.guid == hdr.dev)?.top.clone();
@@ -269,17 +278,17 @@ impl L2Arc {
         let mut g = self.inner.lock();
         match result {
             Ok(mut buf) if ok(&buf) => {
-                g.stats.l2_hits += 1;
+                g.stats.l2_hits = g.stats.l2_hits.saturating_add(1);
                 buf.truncate(psize);
                 Some(Arc::new(buf))
             }
             other => {
                 if other.is_ok() {
-                    g.stats.l2_cksum_bad += 1;
+                    g.stats.l2_cksum_bad = g.stats.l2_cksum_bad.saturating_add(1);
                 } else {
-                    g.stats.l2_io_error += 1;
+                    g.stats.l2_io_error = g.stats.l2_io_error.saturating_add(1);
                 }
-                g.stats.l2_misses += 1;
+                g.stats.l2_misses = g.stats.l2_misses.saturating_add(1);
                 Self::drop_hdr(&mut g, &id);
                 None
             }
@@ -290,7 +299,7 @@ impl L2Arc {
         if let Some(h) = g.hdrs.remove(id) {
             if let Some(d) = g.devs.iter_mut().find(|d| d.guid == h.dev) {
                 d.by_addr.remove(&h.daddr);
-                d.bytes -= u64::from(h.psize);
+                d.bytes = d.bytes.saturating_sub(u64::from(h.psize));
             }
         }
     }
@@ -309,8 +318,8 @@ impl L2Arc {
         s.l2_devices = g.devs.len() as u64;
         s.l2_buffers = g.hdrs.len() as u64;
         s.l2_size = g.devs.iter().map(|d| d.bytes).sum();
-        s.l2_asize = g.devs.iter().map(|d| d.end - d.start).sum();
-        s.l2_hdr_size = s.l2_buffers * L2_HDR_BYTES;
+        s.l2_asize = g.devs.iter().map(|d| d.end.saturating_sub(d.start)).sum();
+        s.l2_hdr_size = s.l2_buffers.saturating_mul(L2_HDR_BYTES);
         s
     }
 
@@ -319,19 +328,21 @@ impl L2Arc {
     pub fn feed(&self, arc: &AdaptiveCache, spa: u64) -> u64 {
         let _one = self.feed_lock.lock();
         let t = tunables();
-        let (top, mut hand, start, end, sector, guid, prev) = {
+        let (top, hand, start, end, sector, guid, prev) = {
             let mut g = self.inner.lock();
             let n = g.devs.len();
             if n == 0 {
                 return 0;
             }
-            let Some(i) = (0..n)
-                .map(|k| (g.rotor + k) % n)
+            let first = g.rotor.checked_rem(n).unwrap_or(0);
+            let Some(i) = (first..n)
+                .chain(0..first)
                 .find(|&i| !g.devs[i].failed && g.devs[i].top.readable())
             else {
                 return 0;
             };
-            g.rotor = i + 1;
+            // An index into `devs`: far below usize::MAX.
+            g.rotor = i.saturating_add(1);
             let d = &g.devs[i];
             (
                 d.top.clone(),
@@ -346,22 +357,43 @@ impl L2Arc {
         let warm = arc.stats().evict_count > 0;
         let mut budget = t.write_max.load(Ordering::Relaxed);
         if !warm {
-            budget += t.write_boost.load(Ordering::Relaxed);
+            budget = budget.saturating_add(t.write_boost.load(Ordering::Relaxed));
         }
         // A round never takes more than a quarter of the ring.
-        budget = budget.min((end - start) / 4);
-        let round = |n: u64| n.div_ceil(sector) * sector;
+        budget = budget.min(end.saturating_sub(start) / 4);
+        // Whole sectors (a length too large to round is larger than any budget).
+        let round = |n: usize| {
+            u64::try_from(n)
+                .ok()
+                .and_then(|n| n.checked_next_multiple_of(sector))
+                .unwrap_or(u64::MAX)
+        };
         let mut picked = arc.l2_candidates(spa, budget, t.noprefetch.load(Ordering::Relaxed));
-        picked.retain(|(_, data, _)| round(data.len() as u64) <= budget);
+        picked.retain(|(_, data, _)| round(data.len()) <= budget);
         if picked.is_empty() {
             return 0;
         }
-        let data_len: u64 = picked.iter().map(|(_, d, _)| round(d.len() as u64)).sum();
-        let log_len = round((LOG_HEAD + LOG_ENTRY * picked.len() + 32) as u64);
-        let total = data_len + log_len;
-        if hand + total > end {
-            hand = start;
-        }
+        let data_len: u64 = picked.iter().map(|(_, d, _)| round(d.len())).sum();
+        let log_len = round(
+            LOG_ENTRY
+                .saturating_mul(picked.len())
+                .saturating_add(LOG_HEAD + 32),
+        );
+        let total = data_len.saturating_add(log_len);
+        // The round goes at the hand, or at the ring start when it would pass the end (and
+        // nowhere when it is larger than the ring).
+        let placed = [hand, start]
+            .into_iter()
+            .find_map(|at| at.checked_add(total).filter(|&z| z <= end).map(|z| (at, z)));
+        let Some((hand, round_end)) = placed else {
+            for (key, _, _) in &picked {
+                arc.l2_forget(key);
+            }
+            return 0;
+        };
+        // Where `buf`'s byte `at` goes: `buf` holds `total` bytes, and `hand + total` fits.
+        #[allow(clippy::arithmetic_side_effects)]
+        let daddr_of = |at: usize| hand + at as u64;
         // Drop the headers of what the hand is about to overwrite.
         {
             let mut g = self.inner.lock();
@@ -370,32 +402,30 @@ impl L2Arc {
             };
             let doomed: Vec<(u64, BlockId)> = d
                 .by_addr
-                .range(hand..hand + total)
+                .range(hand..round_end)
                 .map(|(a, id)| (*a, *id))
                 .collect();
             // A block that starts before the region may reach into it.
             let straddler = d.by_addr.range(..hand).next_back().map(|(a, id)| (*a, *id));
             let mut gone = doomed;
             if let Some((a, id)) = straddler {
-                if g.hdrs
-                    .get(&id)
-                    .is_some_and(|h| a + u64::from(h.psize) > hand)
-                {
+                if g.hdrs.get(&id).is_some_and(|h| h.end() > hand) {
                     gone.push((a, id));
                 }
             }
             for (_, id) in &gone {
                 Self::drop_hdr(&mut g, id);
             }
-            g.stats.l2_evict_reading += gone.len() as u64;
+            let evicted = u64::try_from(gone.len()).unwrap_or(u64::MAX);
+            g.stats.l2_evict_reading = g.stats.l2_evict_reading.saturating_add(evicted);
         }
         // Lay the blocks out and build the log block.
         let mut buf = Vec::with_capacity(total as usize);
         let mut entries = Vec::with_capacity(picked.len());
         for (key, data, meta) in &picked {
-            let daddr = hand + buf.len() as u64;
+            let daddr = daddr_of(buf.len());
             buf.extend_from_slice(data);
-            buf.resize(round(buf.len() as u64) as usize, 0);
+            buf.resize(round(buf.len()) as usize, 0);
             entries.push((
                 BlockId::from(key),
                 Hdr {
@@ -406,7 +436,7 @@ impl L2Arc {
                 },
             ));
         }
-        let log_daddr = hand + buf.len() as u64;
+        let log_daddr = daddr_of(buf.len());
         let log = self.encode_log(prev, &entries, log_len as usize);
         let log_ptr = LogPtr {
             daddr: log_daddr,
@@ -414,7 +444,7 @@ impl L2Arc {
             cksum: ChecksumKind::Blake3.compute(&log),
         };
         buf.extend_from_slice(&log);
-        let new_hand = hand + buf.len() as u64;
+        let new_hand = daddr_of(buf.len());
         let header = self.encode_header(guid, start, end, new_hand, &log_ptr, sector);
         let batch = IoBatch::new();
         let mut failed = top.write(hand, &buf, &batch).is_err();
@@ -429,9 +459,9 @@ impl L2Arc {
             failed |= !batch.wait().is_empty();
         }
         let mut g = self.inner.lock();
-        g.stats.l2_feeds += 1;
+        g.stats.l2_feeds = g.stats.l2_feeds.saturating_add(1);
         if failed {
-            g.stats.l2_writes_error += 1;
+            g.stats.l2_writes_error = g.stats.l2_writes_error.saturating_add(1);
             if let Some(d) = g.devs.iter_mut().find(|d| d.guid == guid) {
                 d.failed = true;
             }
@@ -440,8 +470,8 @@ impl L2Arc {
             }
             return 0;
         }
-        g.stats.l2_writes_sent += 1;
-        g.stats.l2_write_bytes += buf.len() as u64;
+        g.stats.l2_writes_sent = g.stats.l2_writes_sent.saturating_add(1);
+        g.stats.l2_write_bytes = g.stats.l2_write_bytes.saturating_add(buf.len() as u64);
         let Some(d) = g.devs.iter_mut().find(|d| d.guid == guid) else {
             return 0;
         };
@@ -449,7 +479,7 @@ impl L2Arc {
         d.newest_log = Some(log_ptr);
         for (id, hdr) in &entries {
             d.by_addr.insert(hdr.daddr, *id);
-            d.bytes += u64::from(hdr.psize);
+            d.bytes = d.bytes.saturating_add(u64::from(hdr.psize));
         }
         for (id, hdr) in entries {
             if let Some(old) = g.hdrs.insert(id, hdr) {
@@ -457,7 +487,7 @@ impl L2Arc {
                 if let Some(d) = g.devs.iter_mut().find(|d| d.guid == old.dev) {
                     if old.daddr != hdr.daddr {
                         d.by_addr.remove(&old.daddr);
-                        d.bytes -= u64::from(old.psize);
+                        d.bytes = d.bytes.saturating_sub(u64::from(old.psize));
                     }
                 }
             }
@@ -510,18 +540,19 @@ impl L2Arc {
     /// L2ARC of this pool (new, another pool's, or a torn header).
     fn rebuild(&self, dev: &mut Dev) -> Option<(Vec<(BlockId, Hdr)>, u64)> {
         let pool = self.pool_guid.load(Ordering::Acquire);
-        let hdr_len = dev.round(HEADER_SIZE) as usize;
-        let h = dev.top.leaves[0].read(0, hdr_len).ok()?;
-        let body = 8 + 8 * 5 + 44;
+        let hdr_len = HEADER_SIZE.checked_next_multiple_of(dev.sector())?;
+        let h = dev.top.leaves[0]
+            .read(0, usize::try_from(hdr_len).ok()?)
+            .ok()?;
         // Addresses and lengths below come from the device: every one is checked before it
         // is used (a torn or foreign device ends the walk, never the process).
-        if h.len() < body + 32
+        if h.len() < HEADER_BODY + 32
             || &h[..8] != HEADER_MAGIC
-            || ChecksumKind::Blake3.compute(&h[..body])[..] != h[body..body + 32]
+            || ChecksumKind::Blake3.compute(&h[..HEADER_BODY])[..] != h[HEADER_BODY..][..32]
         {
             return None;
         }
-        let u = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().expect("8"));
+        let u = |o: usize| u64::from_le_bytes(h[o..][..8].try_into().expect("8"));
         if u(8) != pool || u(16) != dev.guid || u(24) != dev.start || u(32) != dev.end {
             return None;
         }
@@ -532,11 +563,12 @@ impl L2Arc {
         dev.hand = hand;
         let mut next = Some(LogPtr::decode(&h[48..92])).filter(|p| p.len > 0);
         dev.newest_log = next;
+        let ring = dev.end.saturating_sub(dev.start);
         let mut out: Vec<(BlockId, Hdr)> = Vec::new();
         // Space claimed by newer writes, walking back: [lo, hi) per claimed range.
         let mut claimed: Vec<(u64, u64)> = Vec::new();
         let mut seen_ids = std::collections::HashSet::new();
-        let mut logs = 0;
+        let mut logs = 0u64;
         let overlaps = |claimed: &[(u64, u64)], a: u64, b: u64| {
             claimed.iter().any(|&(lo, hi)| a < hi && lo < b)
         };
@@ -550,65 +582,165 @@ impl L2Arc {
                 || pend > dev.end
                 || (p.len as usize) < LOG_HEAD
                 || overlaps(&claimed, p.daddr, pend)
-                || walked > dev.end - dev.start
+                || walked > ring
             {
                 break;
             }
             let Ok(b) = dev.top.leaves[0].read(p.daddr, p.len as usize) else {
                 break;
             };
-            if b.len() < LOG_HEAD
-                || ChecksumKind::Blake3.compute(&b) != p.cksum
-                || &b[..8] != LOG_MAGIC
-                || u64::from_le_bytes(b[56..64].try_into().expect("8")) != pool
-            {
+            let Ok(block) = decode_log_block(&b, &p.cksum, pool, dev.guid, dev.start, dev.end)
+            else {
                 break;
-            }
-            logs += 1;
-            walked += plen;
+            };
+            logs = logs.saturating_add(1);
+            walked = walked.saturating_add(plen);
             claimed.push((p.daddr, pend));
-            let count = u32::from_le_bytes(b[52..56].try_into().expect("4")) as usize;
-            if count
-                .checked_mul(LOG_ENTRY)
-                .and_then(|n| n.checked_add(LOG_HEAD))
-                .is_none_or(|n| n > b.len())
-            {
-                break;
-            }
-            let mut lo = u64::MAX;
-            for i in 0..count {
-                let e = &b[LOG_HEAD + i * LOG_ENTRY..LOG_HEAD + (i + 1) * LOG_ENTRY];
-                let id = BlockId {
-                    vdev: u32::from_le_bytes(e[0..4].try_into().expect("4")),
-                    offset: u64::from_le_bytes(e[4..12].try_into().expect("8")),
-                    birth: u64::from_le_bytes(e[12..20].try_into().expect("8")),
-                };
-                let hdr = Hdr {
-                    dev: dev.guid,
-                    daddr: u64::from_le_bytes(e[20..28].try_into().expect("8")),
-                    psize: u32::from_le_bytes(e[28..32].try_into().expect("4")),
-                    meta: e[32] & 1 != 0,
-                };
-                let a = hdr.daddr;
-                let Some(z) = a.checked_add(u64::from(hdr.psize)) else {
-                    continue;
-                };
-                if a < dev.start || z > dev.end {
-                    continue;
-                }
-                lo = lo.min(a);
-                if overlaps(&claimed, a, z) {
-                    continue;
-                }
-                if seen_ids.insert(id) {
+            let lo = block.entries.iter().map(|(_, hdr)| hdr.daddr).min();
+            for (id, hdr) in block.entries {
+                if !overlaps(&claimed, hdr.daddr, hdr.end()) && seen_ids.insert(id) {
                     out.push((id, hdr));
                 }
             }
-            if lo != u64::MAX {
+            if let Some(lo) = lo {
                 claimed.push((lo, p.daddr));
             }
-            next = Some(LogPtr::decode(&b[8..52])).filter(|p| p.len > 0);
+            next = block.prev;
         }
         Some((out, logs))
+    }
+}
+
+/// A log block read back from a cache device.
+#[derive(Debug)]
+struct LogBlock {
+    /// The blocks it lists that lie in the ring, in its order.
+    entries: Vec<(BlockId, Hdr)>,
+    /// The log block written before it, if any.
+    prev: Option<LogPtr>,
+}
+
+/// Decodes log block `b` of cache device `dev` (its guid), whose ring is `[start, end)`:
+/// `b` must match `cksum` (from the pointer that led to it), carry the magic and `pool`'s
+/// guid, and hold every entry it counts. An entry whose block does not lie in the ring is
+/// skipped. Everything here comes from the device.
+fn decode_log_block(
+    b: &[u8],
+    cksum: &[u8; 32],
+    pool: u64,
+    dev: u64,
+    start: u64,
+    end: u64,
+) -> Result<LogBlock, String> {
+    if b.len() < LOG_HEAD {
+        return Err(format!(
+            "L2ARC log block: {} bytes, shorter than its head",
+            b.len()
+        ));
+    }
+    if ChecksumKind::Blake3.compute(b) != *cksum {
+        return Err("L2ARC log block: checksum mismatch".into());
+    }
+    if &b[..8] != LOG_MAGIC {
+        return Err("L2ARC log block: bad magic".into());
+    }
+    let owner = u64::from_le_bytes(b[56..64].try_into().expect("8"));
+    if owner != pool {
+        return Err(format!("L2ARC log block: of pool {owner:#x}, not this one"));
+    }
+    let count = u32::from_le_bytes(b[52..56].try_into().expect("4"));
+    let listed = b[LOG_HEAD..].chunks_exact(LOG_ENTRY);
+    let n = usize::try_from(count)
+        .ok()
+        .filter(|&n| n <= listed.len())
+        .ok_or_else(|| {
+            format!(
+                "L2ARC log block: {count} entries counted, room for {}",
+                listed.len()
+            )
+        })?;
+    let entries = listed
+        .take(n)
+        .filter_map(|e| {
+            let id = BlockId {
+                vdev: u32::from_le_bytes(e[0..4].try_into().expect("4")),
+                offset: u64::from_le_bytes(e[4..12].try_into().expect("8")),
+                birth: u64::from_le_bytes(e[12..20].try_into().expect("8")),
+            };
+            let hdr = Hdr {
+                dev,
+                daddr: u64::from_le_bytes(e[20..28].try_into().expect("8")),
+                psize: u32::from_le_bytes(e[28..32].try_into().expect("4")),
+                meta: e[32] & 1 != 0,
+            };
+            let z = hdr.daddr.checked_add(u64::from(hdr.psize))?;
+            (hdr.daddr >= start && z <= end).then_some((id, hdr))
+        })
+        .collect();
+    Ok(LogBlock {
+        entries,
+        prev: Some(LogPtr::decode(&b[8..52])).filter(|p| p.len > 0),
+    })
+}
+
+/// For the fuzz target: `data` as a log block whose magic and checksum match (its pool is
+/// its own), of a ring from 4 KiB to 1 TiB.
+pub(crate) fn fuzz_log_block(data: &[u8]) {
+    let mut b = data.to_vec();
+    b.resize(b.len().max(LOG_HEAD), 0);
+    b[..8].copy_from_slice(LOG_MAGIC);
+    let pool = u64::from_le_bytes(b[56..64].try_into().expect("8"));
+    let cksum = ChecksumKind::Blake3.compute(&b);
+    let _ = decode_log_block(&b, &cksum, pool, 1, HEADER_SIZE, 1 << 40);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(offset: u64, daddr: u64) -> (BlockId, Hdr) {
+        let id = BlockId {
+            vdev: 0,
+            offset,
+            birth: 7,
+        };
+        let hdr = Hdr {
+            dev: 9,
+            daddr,
+            psize: 4096,
+            meta: offset == 0,
+        };
+        (id, hdr)
+    }
+
+    #[test]
+    fn a_log_block_decodes_to_the_entries_that_lie_in_the_ring() {
+        let l2 = L2Arc::new();
+        l2.set_pool_guid(5);
+        let prev = LogPtr {
+            daddr: 1 << 20,
+            len: 512,
+            cksum: [3; 32],
+        };
+        let entries = [entry(0, 8192), entry(1, 1 << 30), entry(2, 12288)];
+        let b = l2.encode_log(Some(prev), &entries, 512);
+        let cksum = ChecksumKind::Blake3.compute(&b);
+        let ring = (4096, 1 << 20);
+        let block = decode_log_block(&b, &cksum, 5, 9, ring.0, ring.1).unwrap();
+        assert_eq!(block.entries, [entries[0], entries[2]]);
+        assert_eq!(block.prev, Some(prev));
+        // Another pool's, or not the block its pointer says: refused.
+        assert!(decode_log_block(&b, &cksum, 6, 9, ring.0, ring.1).is_err());
+        assert!(decode_log_block(&b, &[0; 32], 5, 9, ring.0, ring.1).is_err());
+        // More entries counted than the block holds: refused.
+        let mut b = b;
+        b[52..56].copy_from_slice(&100u32.to_le_bytes());
+        let cksum = ChecksumKind::Blake3.compute(&b);
+        assert!(decode_log_block(&b, &cksum, 5, 9, ring.0, ring.1).is_err());
+        // The first log block of a device points at none.
+        let b = l2.encode_log(None, &[], 512);
+        let cksum = ChecksumKind::Blake3.compute(&b);
+        let block = decode_log_block(&b, &cksum, 5, 9, ring.0, ring.1).unwrap();
+        assert!(block.entries.is_empty() && block.prev.is_none());
     }
 }

@@ -32,12 +32,12 @@ pub mod zil;
 pub use config::{HostIdentity, PoolConfig, PoolState, TopKind, VdevClass, FORMAT_VERSION};
 pub use history::HistoryRecord;
 pub use mmp::MmpTunables;
-pub use tank_vdev::SlowIoPolicy;
 pub use pool::{
     fmt_time, validate_pool_name, CreateOptions, ImportCandidate, ImportOptions, Pool, PoolSpace,
     PoolStatus, RootBlockInfo, SyncContext, Syncer, VdevStatus,
 };
 pub use spec::{PoolSpec, VdevSpec};
+pub use tank_vdev::SlowIoPolicy;
 pub use txg::{Tx, TxgTunables};
 pub use zil::{LogEntry, LogError, LogStats};
 

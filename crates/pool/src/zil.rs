@@ -30,11 +30,15 @@
 //!
 //! At import the chain is read from the head; entries of txgs after the committed one are
 //! handed to the layer above ([`IntentLog::take_replay`]), and the blocks stay live until
-//! the txg that holds the replayed changes commits ([`IntentLog::replayed`]).
+//! the txg that holds the replayed changes commits ([`IntentLog::replayed`]). Arithmetic on
+//! what the chain says (sizes, offsets, sequence numbers) is checked
+//! (`clippy::arithmetic_side_effects` is denied here).
 //!
 //! # Concurrency
 //! `writer` serializes commits (one chain, written in order); `state` guards the ring and is
 //! never held across I/O.
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +56,8 @@ pub const BLOCK_HEADER: usize = 96;
 pub const ENTRY_HEADER: usize = 24;
 /// Largest log block; larger commits take several.
 pub const MAX_BLOCK: u64 = 256 << 10;
+/// Most bytes of entries a block holds.
+const MAX_PAYLOAD: usize = MAX_BLOCK as usize - BLOCK_HEADER;
 /// Smallest pool region (and the part of the normal class it takes at most: 1/128, up to
 /// `MAX_REGION`).
 pub const MIN_REGION: u64 = 4 << 20;
@@ -122,7 +128,8 @@ impl LogHeader {
         if let Some(r) = self.region {
             b[36..40].copy_from_slice(&r.vdev.to_le_bytes());
             b[40..48].copy_from_slice(&r.start.to_le_bytes());
-            b[48..56].copy_from_slice(&(r.end - r.start).to_le_bytes());
+            // An empty (or inverted) region is recorded as none.
+            b[48..56].copy_from_slice(&r.end.saturating_sub(r.start).to_le_bytes());
         }
     }
 
@@ -130,8 +137,8 @@ impl LogHeader {
         let b = b
             .get(..Self::SIZE)
             .ok_or_else(|| format!("intent log header: {} bytes, not {}", b.len(), Self::SIZE))?;
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        let u32_at = |o: usize| u32_le(&b[o..]);
+        let u64_at = |o: usize| u64_le(&b[o..]);
         match u32_at(0) {
             0 => return Ok(Self::default()),
             LOG_VERSION => {}
@@ -139,10 +146,7 @@ impl LogHeader {
         }
         let len = u64_at(48);
         let head_size = u32_at(32);
-        // 0: no chain to read (the log never had a place).
-        if head_size != 0
-            && (!(512..=MAX_BLOCK as u32).contains(&head_size) || head_size % 512 != 0)
-        {
+        if !valid_block_size(head_size) {
             return Err(format!("intent log header: bad block size {head_size}"));
         }
         let start = u64_at(40);
@@ -182,6 +186,24 @@ struct Block {
     entries: Vec<LogEntry>,
 }
 
+/// Whether a block size read from the device is possible: 0 (no chain to read: the log never
+/// had a place), or whole 512-byte sectors up to `MAX_BLOCK`.
+fn valid_block_size(size: u32) -> bool {
+    size == 0 || ((512..=MAX_BLOCK as u32).contains(&size) && size.is_multiple_of(512))
+}
+
+/// The little-endian u32 at the start of `b`.
+fn u32_le(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().expect("4"))
+}
+
+/// The little-endian u64 at the start of `b`.
+fn u64_le(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("8"))
+}
+
+/// Bytes an entry takes in a block: its header, and its data padded to 8 bytes.
+#[allow(clippy::arithmetic_side_effects)] // A Vec's length is at most isize::MAX: no overflow.
 fn entry_bytes(e: &LogEntry) -> usize {
     ENTRY_HEADER + e.data.len().div_ceil(8) * 8
 }
@@ -198,15 +220,17 @@ impl Block {
         b[40..44].copy_from_slice(&self.next_vdev.to_le_bytes());
         b[44..48].copy_from_slice(&self.next_size.to_le_bytes());
         b[48..56].copy_from_slice(&self.next_offset.to_le_bytes());
-        let mut o = BLOCK_HEADER;
+        let mut rest = &mut b[BLOCK_HEADER..];
         for e in &self.entries {
-            b[o..o + 8].copy_from_slice(&e.objset.to_le_bytes());
-            b[o + 8..o + 16].copy_from_slice(&e.txg.to_le_bytes());
-            b[o + 16..o + 20].copy_from_slice(&(e.data.len() as u32).to_le_bytes());
-            b[o + ENTRY_HEADER..o + ENTRY_HEADER + e.data.len()].copy_from_slice(&e.data);
-            o += entry_bytes(e);
+            let (entry, after) = std::mem::take(&mut rest).split_at_mut(entry_bytes(e));
+            entry[0..8].copy_from_slice(&e.objset.to_le_bytes());
+            entry[8..16].copy_from_slice(&e.txg.to_le_bytes());
+            entry[16..20].copy_from_slice(&(e.data.len() as u32).to_le_bytes());
+            entry[ENTRY_HEADER..][..e.data.len()].copy_from_slice(&e.data);
+            rest = after;
         }
-        b[32..36].copy_from_slice(&((o - BLOCK_HEADER) as u32).to_le_bytes());
+        let payload: usize = self.entries.iter().map(entry_bytes).sum();
+        b[32..36].copy_from_slice(&(payload as u32).to_le_bytes());
         let sum = blake3::hash(&b);
         b[64..96].copy_from_slice(sum.as_bytes());
         b
@@ -217,8 +241,8 @@ impl Block {
         if b.len() < BLOCK_HEADER || &b[0..8] != LOG_MAGIC {
             return None;
         }
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        let u32_at = |o: usize| u32_le(&b[o..]);
+        let u64_at = |o: usize| u64_le(&b[o..]);
         if u32_at(8) != LOG_VERSION || u64_at(16) != guid || u64_at(24) != seq {
             return None;
         }
@@ -227,28 +251,26 @@ impl Block {
         if blake3::hash(&copy).as_bytes() != &b[64..96] {
             return None;
         }
-        let payload = u32_at(32) as usize;
-        let count = u32_at(36) as usize;
-        if BLOCK_HEADER + payload > b.len() {
+        let next_size = u32_at(44);
+        if !valid_block_size(next_size) {
             return None;
         }
+        let payload = usize::try_from(u32_at(32)).ok()?;
+        let count = usize::try_from(u32_at(36)).ok()?;
+        // The entries not read yet; each must lie wholly in the payload.
+        let mut rest = b[BLOCK_HEADER..].get(..payload)?;
         let mut entries = Vec::with_capacity(count.min(4096));
-        let mut o = BLOCK_HEADER;
         for _ in 0..count {
-            if o + ENTRY_HEADER > BLOCK_HEADER + payload {
-                return None;
-            }
-            let len = u32_at(o + 16) as usize;
-            if o + ENTRY_HEADER + len > BLOCK_HEADER + payload {
-                return None;
-            }
+            let header = rest.get(..ENTRY_HEADER)?;
+            let len = usize::try_from(u32_le(&header[16..])).ok()?;
             let e = LogEntry {
-                objset: u64_at(o),
-                txg: u64_at(o + 8),
+                objset: u64_le(header),
+                txg: u64_le(&header[8..]),
                 seq,
-                data: b[o + ENTRY_HEADER..o + ENTRY_HEADER + len].to_vec(),
+                data: rest[ENTRY_HEADER..].get(..len)?.to_vec(),
             };
-            o += entry_bytes(&e);
+            // The last entry's padding may reach past the payload.
+            rest = rest.get(entry_bytes(&e)..).unwrap_or_default();
             entries.push(e);
         }
         Some(Block {
@@ -256,7 +278,7 @@ impl Block {
             seq,
             commit_end: u32_at(12) & FLAG_COMMIT_END != 0,
             next_vdev: u32_at(40),
-            next_size: u32_at(44),
+            next_size,
             next_offset: u64_at(48),
             entries,
         })
@@ -323,8 +345,10 @@ pub struct IntentLog {
 
 /// The size class of a block holding `bytes` of entries.
 fn block_size(bytes: usize, sector: u64) -> u32 {
-    let need = (BLOCK_HEADER + bytes) as u64;
-    need.next_power_of_two()
+    let need = u64::try_from(BLOCK_HEADER.saturating_add(bytes)).unwrap_or(u64::MAX);
+    // Capped before rounding up: MAX_BLOCK is a power of two, so the result is the same.
+    need.min(MAX_BLOCK)
+        .next_power_of_two()
         .clamp(sector.max(4096), MAX_BLOCK)
         .div_ceil(sector)
         .saturating_mul(sector) as u32
@@ -433,8 +457,17 @@ impl IntentLog {
             if block.commit_end {
                 complete.append(&mut pending);
             }
-            (vdev, offset, seq, size) =
-                (block.next_vdev, block.next_offset, seq + 1, block.next_size);
+            let Some(next_seq) = seq.checked_add(1) else {
+                return Err(format!(
+                    "intent log block at {vdev}:{offset:#x}: sequence number {seq} overflows"
+                ));
+            };
+            (vdev, offset, seq, size) = (
+                block.next_vdev,
+                block.next_offset,
+                next_seq,
+                block.next_size,
+            );
         }
         // The ring continues where the chain ends (a torn or stale block there is rewritten).
         st.ring = region_of(vdev);
@@ -519,7 +552,8 @@ impl IntentLog {
 
     /// Counts a commit that waited for a txg instead.
     pub fn count_fallback(&self) {
-        self.state.lock().stats.fallbacks += 1;
+        let mut st = self.state.lock();
+        st.stats.fallbacks = st.stats.fallbacks.saturating_add(1);
     }
 
     /// Writes `entries` as one commit and flushes; see the module documentation.
@@ -551,8 +585,7 @@ impl IntentLog {
             }
         };
         let sector = vdev.sector();
-        let room = MAX_BLOCK as usize - BLOCK_HEADER;
-        if let Some(e) = entries.iter().find(|e| entry_bytes(e) > room) {
+        if let Some(e) = entries.iter().find(|e| entry_bytes(e) > MAX_PAYLOAD) {
             return Err(LogError::TooLarge(e.data.len()));
         }
         let total: usize = entries.iter().map(entry_bytes).sum();
@@ -567,14 +600,15 @@ impl IntentLog {
         }
         let max_txg = rest.iter().map(|e| e.txg).max().unwrap_or(0);
         loop {
-            let size = st.size as usize;
-            let mut used = 0;
+            let size = st.size;
+            // Every block size is at least 512 bytes (see `valid_block_size`, `block_size`).
+            let mut free = (size as usize).saturating_sub(BLOCK_HEADER);
             let mut here = Vec::new();
             while let Some(e) = rest.front() {
-                if used + entry_bytes(e) > size - BLOCK_HEADER {
+                let Some(after) = free.checked_sub(entry_bytes(e)) else {
                     break;
-                }
-                used += entry_bytes(e);
+                };
+                free = after;
                 here.push(rest.pop_front().expect("front"));
             }
             let left: usize = rest.iter().map(entry_bytes).sum();
@@ -583,15 +617,23 @@ impl IntentLog {
             } else {
                 block_size(total, sector)
             };
-            let asize = vdev.asize(size as u64);
+            let asize = vdev.asize(u64::from(size));
             let pos = st.pos;
-            if pos + asize > ring.end || st.live.iter().any(|l| overlaps(l, ring.vdev, pos, asize))
-            {
+            // Room in the ring, over no live block, and a sequence number after this one (the
+            // position and the sequence number may come from the chain read at import).
+            let placed = pos
+                .checked_add(asize)
+                .filter(|&end| end <= ring.end)
+                .filter(|_| !st.live.iter().any(|l| overlaps(l, ring.vdev, pos, asize)))
+                .zip(st.seq.checked_add(1));
+            let Some((mut next, next_seq)) = placed else {
                 st.broken = !written.is_empty();
                 return Err(LogError::Full);
-            }
-            let mut next = pos + asize;
-            if next + vdev.asize(u64::from(next_size)) > ring.end {
+            };
+            if next
+                .checked_add(vdev.asize(u64::from(next_size)))
+                .is_none_or(|end| end > ring.end)
+            {
                 next = ring.start;
             }
             let block = Block {
@@ -603,7 +645,7 @@ impl IntentLog {
                 next_size,
                 entries: here,
             };
-            let raw = block.encode(size);
+            let raw = block.encode(size as usize);
             if let Err(e) = vdev.write(pos, &raw, &batch) {
                 st.broken = true;
                 return Err(LogError::Io(e.to_string()));
@@ -612,17 +654,17 @@ impl IntentLog {
                 vdev: ring.vdev,
                 offset: pos,
                 seq: st.seq,
-                size: size as u32,
+                size,
                 asize,
                 max_txg,
             };
             st.live.push_back(live);
             written.push(live);
-            st.seq += 1;
+            st.seq = next_seq;
             st.pos = next;
             st.size = next_size;
-            st.stats.blocks += 1;
-            st.stats.bytes += size as u64;
+            st.stats.blocks = st.stats.blocks.saturating_add(1);
+            st.stats.bytes = st.stats.bytes.saturating_add(u64::from(size));
             if rest.is_empty() {
                 break;
             }
@@ -634,7 +676,9 @@ impl IntentLog {
         let flush_errors = flush.wait();
         if !errors.is_empty() || !flush_errors.is_empty() {
             let mut st = self.state.lock();
-            st.stats.write_errors += (errors.len() + flush_errors.len()) as u64;
+            let failures = errors.len().saturating_add(flush_errors.len());
+            let failures = u64::try_from(failures).unwrap_or(u64::MAX);
+            st.stats.write_errors = st.stats.write_errors.saturating_add(failures);
             // The blocks are on stable storage only if the leaves whose write or flush failed,
             // with those not in use, are no more than the vdev's redundancy (a mirror needs
             // one side written and flushed, RAID-Z all but `parity` children). Otherwise the
@@ -668,7 +712,7 @@ impl IntentLog {
             }
         }
         let mut st = self.state.lock();
-        st.stats.commits += 1;
+        st.stats.commits = st.stats.commits.saturating_add(1);
         self.latency.record(started.elapsed());
         self.entries.fetch_add(n as u64, Ordering::Relaxed);
         Ok(())
@@ -749,8 +793,10 @@ pub(crate) fn fuzz_block(data: &[u8]) {
     let _ = Block::decode(&b, guid, seq);
 }
 
+/// Whether live block `l` overlaps `[pos, +asize)` of `vdev` (an extent that would pass the
+/// end of the address space ends there).
 fn overlaps(l: &Live, vdev: u32, pos: u64, asize: u64) -> bool {
-    l.vdev == vdev && l.offset < pos + asize && pos < l.offset + l.asize
+    l.vdev == vdev && l.offset < pos.saturating_add(asize) && pos < l.offset.saturating_add(l.asize)
 }
 
 fn rand_guid() -> u64 {
