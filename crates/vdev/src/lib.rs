@@ -19,8 +19,8 @@ pub use codec::ParityCodec;
 pub use events::{Event, EventLog};
 pub use leaf::{
     aligned_size, label_offsets, usable_size, IoBatch, IoClass, LatencyHistogram, Leaf,
-    LeafStatsSnapshot, VdevState, BACK_RESERVE, FRONT_RESERVE, LABEL_SIZE, LATENCY_BUCKETS,
-    MIN_DEVICE_SIZE, SlowIoPolicy,
+    LeafStatsSnapshot, SlowIoPolicy, VdevState, BACK_RESERVE, FRONT_RESERVE, LABEL_SIZE,
+    LATENCY_BUCKETS, MIN_DEVICE_SIZE,
 };
 pub use raidz::{RaidzError, RaidzGeometry};
 pub use tree::{Fix, Layout, PendingRead, ReadReport, ScrubRead, TopVdev, VdevError};
