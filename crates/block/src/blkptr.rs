@@ -95,7 +95,8 @@ pub struct BlockPtr {
     pub birth_txg: u64,
     pub fill: u64,
     pub checksum: [u8; 32],
-    /// The DVAs hold a gang header listing the pieces of the block (see `zio.rs`).
+    /// The DVAs hold a gang header listing the pieces of the block (format: `gang.rs`; reads,
+    /// writes and frees: `zio.rs`).
     pub gang: bool,
 }
 

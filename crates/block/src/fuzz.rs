@@ -5,7 +5,7 @@
 
 use crate::alloc::{AllocClass, SpaceAllocator, SpaceRecord, SPACE_RECORD_SIZE};
 use crate::blkptr::{BlockPtr, BLKPTR_SIZE};
-use crate::zio::{decode_gang_for_fuzz, GANG_HEADER_SIZE};
+use crate::gang::{decode_gang_for_fuzz, GANG_HEADER_SIZE};
 
 /// A block pointer.
 pub fn blkptr(data: &[u8]) {

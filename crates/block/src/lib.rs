@@ -7,7 +7,8 @@
 //! checksum → (heal inside the vdev, or from another copy) → decompress. Nothing read from a
 //! device is used before it verifies.
 //!
-//! See `blkptr.rs` for the 128-byte pointer, `alloc.rs` for space, `zio.rs` for the pipeline.
+//! See `blkptr.rs` for the 128-byte pointer, `alloc.rs` for space, `zio.rs` for the pipeline,
+//! `gang.rs` for the header of a block written as pieces.
 
 pub mod alloc;
 pub mod blkptr;
@@ -15,6 +16,7 @@ pub mod checksum;
 pub mod compress;
 #[doc(hidden)]
 pub mod fuzz;
+mod gang;
 pub mod zio;
 
 pub use alloc::{AllocClass, SpaceAllocator, SpaceOp, SpaceRecord, DEFER_TXGS};

@@ -12,6 +12,9 @@
 //! start on different children). A read tries the DVAs in order; a copy that fails (after the
 //! vdev's own healing) is rewritten from a good one.
 //!
+//! Gang blocks: a block no free extent can hold is written as pieces listed by a gang
+//! header; the header's format, seal and checks are in `gang.rs`.
+//!
 //! # Concurrency
 //! `read` may run on any thread. `write` and `free` take the allocator lock briefly.
 
@@ -25,7 +28,10 @@ use crate::alloc::{AllocClass, SpaceAllocator};
 use crate::blkptr::{BlockKind, BlockPtr, Dva, MAX_DVAS};
 use crate::checksum::ChecksumKind;
 use crate::compress::Compression;
+use crate::gang::{decode_gang, encode_gang, gang_verify, GANG_CHILDREN};
 use crate::BlockError;
+
+pub use crate::gang::GANG_HEADER_SIZE;
 
 /// How to write one block.
 #[derive(Debug, Clone, Copy)]
@@ -96,133 +102,8 @@ impl ScrubOutcome {
     }
 }
 
-/// Pieces a gang header lists.
-const GANG_CHILDREN: usize = 3;
 /// Blocks at or below this size are never ganged (they fit in any free sector run).
 const GANG_MIN_PIECE: usize = 4096;
-pub const GANG_HEADER_SIZE: usize = 512;
-const GANG_MAGIC: &[u8; 8] = b"TANKGANG";
-/// Header version 1: the checksum is sealed to the referencing pointer (see [`gang_seal`]).
-/// Version 0 headers (written before the seal) checked only themselves.
-const GANG_SEALED: u32 = 1;
-
-/// The checksum of a gang header: BLAKE3-256 of its bytes 0..480 followed by the referencing
-/// pointer's first DVA (vdev u32, offset u64) and birth txg u64, as ZFS seeds a gang header's
-/// checksum with its verifier. A header read through any other pointer (stale, misdirected,
-/// or left by a freed block at the same place) does not verify.
-fn gang_seal(body: &[u8], bp: &BlockPtr) -> [u8; 32] {
-    let d = bp.dvas[0];
-    let mut h = blake3::Hasher::new();
-    h.update(&body[..480]);
-    h.update(&d.vdev.to_le_bytes());
-    h.update(&d.offset.to_le_bytes());
-    h.update(&bp.birth_txg.to_le_bytes());
-    *h.finalize().as_bytes()
-}
-
-/// Gang header (512 bytes): magic "TANKGANG", count u32, header version u32 (1), 3 block
-/// pointers, zero padding to 480, the seal of [`gang_seal`] for the pointer `bp` whose DVAs
-/// hold it.
-fn encode_gang(children: &[BlockPtr], bp: &BlockPtr) -> Vec<u8> {
-    assert!(children.len() <= GANG_CHILDREN);
-    let mut b = vec![0u8; GANG_HEADER_SIZE];
-    b[..8].copy_from_slice(GANG_MAGIC);
-    b[8..12].copy_from_slice(&(children.len() as u32).to_le_bytes());
-    b[12..16].copy_from_slice(&GANG_SEALED.to_le_bytes());
-    for (i, c) in children.iter().enumerate() {
-        b[16 + i * 128..16 + (i + 1) * 128].copy_from_slice(&c.encode());
-    }
-    let seal = gang_seal(&b, bp);
-    b[480..].copy_from_slice(&seal);
-    b
-}
-
-/// A gang header as read: its pieces, and whether it was sealed to the pointer (version 1)
-/// or only checked itself (version 0, whose pieces must be proven by the assembled data).
-#[derive(Debug, PartialEq, Eq)]
-struct GangHeader {
-    pieces: Vec<BlockPtr>,
-    sealed: bool,
-}
-
-fn gang_verify(buf: &[u8], bp: &BlockPtr) -> bool {
-    buf.len() >= GANG_HEADER_SIZE
-        && buf[GANG_HEADER_SIZE..].iter().all(|&b| b == 0)
-        && decode_gang(buf, bp).is_ok()
-}
-
-/// Decodes the gang header `b` that `bp`'s DVAs hold: Err unless it is sealed to `bp` (or a
-/// self-consistent version 0 header) and its pieces are a sound split of `bp`: 2 or 3 of
-/// them, born in the same txg, each smaller than the block and together exactly its size
-/// (so a chain of nested gang headers always ends, whatever the device holds).
-fn decode_gang(b: &[u8], bp: &BlockPtr) -> Result<GangHeader, BlockError> {
-    let bad =
-        |what: String| BlockError::Decode(format!("gang header of {}: {what}", bp.describe()));
-    if b.len() < GANG_HEADER_SIZE || &b[..8] != GANG_MAGIC {
-        return Err(bad("bad magic".into()));
-    }
-    let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-    let sealed = match word(12) {
-        0 => {
-            if blake3::hash(&b[..480]).as_bytes() != &b[480..512] {
-                return Err(bad("checksum mismatch".into()));
-            }
-            false
-        }
-        GANG_SEALED => {
-            if gang_seal(b, bp) != b[480..512] {
-                return Err(bad(
-                    "not sealed to this pointer (stale, misdirected or damaged)".into(),
-                ));
-            }
-            true
-        }
-        v => return Err(bad(format!("unknown header version {v}"))),
-    };
-    let n = word(8) as usize;
-    if !(2..=GANG_CHILDREN).contains(&n) {
-        return Err(bad(format!("{n} pieces")));
-    }
-    let pieces = (0..n)
-        .map(|i| {
-            BlockPtr::decode(&b[16 + i * 128..16 + (i + 1) * 128])?
-                .ok_or_else(|| bad("hole piece".into()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let total: u64 = pieces.iter().map(|p| u64::from(p.psize)).sum();
-    if total != u64::from(bp.psize)
-        || pieces
-            .iter()
-            .any(|p| p.psize == 0 || p.psize >= bp.psize || p.birth_txg != bp.birth_txg)
-    {
-        return Err(bad("pieces do not split the block".into()));
-    }
-    Ok(GangHeader { pieces, sealed })
-}
-
-/// For the fuzz target: seals `b` (a version 1 header to `bp`, any other with the version
-/// 0 self-check), so the fuzzer reaches what is behind the seal, and decodes it.
-pub(crate) fn decode_gang_for_fuzz(b: &mut [u8], bp: &BlockPtr) {
-    if b.len() < GANG_HEADER_SIZE {
-        return;
-    }
-    if b[12..16] == GANG_SEALED.to_le_bytes() {
-        let seal = gang_seal(b, bp);
-        b[480..512].copy_from_slice(&seal);
-    } else {
-        let sum = blake3::hash(&b[..480]);
-        b[480..512].copy_from_slice(sum.as_bytes());
-    }
-    if let Ok(h) = decode_gang(b, bp) {
-        let total: u64 = h.pieces.iter().map(|p| u64::from(p.psize)).sum();
-        assert_eq!(
-            total,
-            u64::from(bp.psize),
-            "accepted pieces split the block"
-        );
-    }
-    let _ = gang_verify(b, bp);
-}
 
 /// Whether a pointer's physical size is one a block can have (a damaged pointer's may not
 /// be): checked before anything is read or allocated for it.
@@ -867,6 +748,7 @@ impl BlockStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gang::GANG_MAGIC;
     use tank_device::MemDevice;
     use tank_vdev::{Layout, Leaf, ParityCodec, TopVdev};
 
@@ -884,97 +766,6 @@ mod tests {
         let mut alloc = SpaceAllocator::new();
         alloc.add_vdev(0, top.space(), 4096, true);
         BlockStore::new(vec![Some(top)], alloc)
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn gang_header_decoder_never_panics(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..700)) {
-            let mut b = raw.clone();
-            if b.len() >= 8 {
-                b[..8].copy_from_slice(GANG_MAGIC);
-            }
-            let bp = piece(8192, 3);
-            let _ = decode_gang(&b, &bp);
-            let _ = gang_verify(&raw, &bp);
-        }
-    }
-
-    fn piece(size: u32, offset: u64) -> BlockPtr {
-        BlockPtr {
-            dvas: [
-                Dva {
-                    vdev: 0,
-                    asize: u64::from(size),
-                    offset,
-                },
-                Dva::default(),
-                Dva::default(),
-            ],
-            kind: BlockKind::Data,
-            level: 0,
-            checksum_kind: ChecksumKind::Blake3,
-            compression: Compression::Off,
-            lsize: size,
-            psize: size,
-            birth_txg: 3,
-            fill: 1,
-            checksum: [1; 32],
-            gang: false,
-        }
-    }
-
-    #[test]
-    fn gang_header_round_trip_and_tamper() {
-        let child = piece(8192, 4096);
-        let owner = BlockPtr {
-            gang: true,
-            lsize: 16384,
-            psize: 16384,
-            ..piece(512, 1 << 20)
-        };
-        let raw = encode_gang(&[child, child], &owner);
-        let header = decode_gang(&raw, &owner).unwrap();
-        assert_eq!(header.pieces, vec![child, child]);
-        assert!(header.sealed);
-        let mut bad = raw.clone();
-        bad[40] ^= 1;
-        let err = decode_gang(&bad, &owner).unwrap_err().to_string();
-        assert!(err.contains("not sealed to this pointer"), "{err}");
-        // The same bytes read through another pointer: moved, or born in another txg.
-        for other in [
-            BlockPtr {
-                birth_txg: 4,
-                ..owner
-            },
-            BlockPtr {
-                dvas: [
-                    Dva {
-                        offset: 2 << 20,
-                        ..owner.dvas[0]
-                    },
-                    Dva::default(),
-                    Dva::default(),
-                ],
-                ..owner
-            },
-        ] {
-            let err = decode_gang(&raw, &other).unwrap_err().to_string();
-            assert!(err.contains("not sealed to this pointer"), "{err}");
-        }
-        // Pieces that do not add up to the block, or as large as it, are refused even when
-        // sealed: a nested chain must shrink at every level.
-        let short = BlockPtr {
-            psize: 20000,
-            ..owner
-        };
-        let err = decode_gang(&encode_gang(&[child, child], &short), &short).unwrap_err();
-        assert!(err.to_string().contains("do not split the block"), "{err}");
-        let whole = BlockPtr {
-            psize: 8192,
-            ..owner
-        };
-        let err = decode_gang(&encode_gang(&[child], &whole), &whole).unwrap_err();
-        assert!(err.to_string().contains("1 pieces"), "{err}");
     }
 
     fn data_props(copies: u8) -> WriteProps {

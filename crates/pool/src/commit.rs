@@ -19,7 +19,15 @@
 //! newest log block and the root block are therefore marked allocated after the replay (and
 //! their records queued for the next txg). A condensed block starts a new chain: it lists the
 //! complete state (allocated extents and deferred frees), and the old chain is freed.
+//!
+//! These blocks come from devices: decoding them never panics, and arithmetic on what they
+//! say is checked (`clippy::arithmetic_side_effects` is denied here).
 
+#![deny(clippy::arithmetic_side_effects)]
+
+use std::slice::ChunksExact;
+
+use tank_block::alloc::SPACE_RECORD_SIZE;
 use tank_block::{BlockPtr, SpaceRecord, BLKPTR_SIZE};
 
 use crate::PoolError;
@@ -30,16 +38,38 @@ pub const SPML_MAGIC: &[u8; 8] = b"TANKSPML";
 pub const ROOT_SIZE: usize = 512;
 /// Condense the space map log once its chain is this long (bounds import time).
 pub const CONDENSE_CHAIN: u32 = 64;
+/// Bytes before an objset table's entries.
+const OSTB_HEAD: usize = 16;
+/// One objset table entry: id, root block pointer.
+const OSTB_ENTRY: usize = 8 + BLKPTR_SIZE;
+/// Bytes before a space map log block's records.
+const SPML_HEAD: usize = 24 + BLKPTR_SIZE;
 
 fn corrupt(what: &str) -> PoolError {
     PoolError::Corrupt(what.to_string())
 }
 
+/// The little-endian u32 at `o` of `b` (which the caller has checked is long enough).
 fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+    u32::from_le_bytes(b[o..][..4].try_into().expect("4 bytes"))
 }
+/// The little-endian u64 at `o` of `b` (which the caller has checked is long enough).
 fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+    u64::from_le_bytes(b[o..][..8].try_into().expect("8 bytes"))
+}
+
+/// The first `count` of a block's fixed-size `entries`; Err (naming the block, `what`) when
+/// it holds fewer.
+fn counted<'a>(
+    entries: ChunksExact<'a, u8>,
+    count: u32,
+    what: &str,
+) -> Result<impl Iterator<Item = &'a [u8]>, PoolError> {
+    usize::try_from(count)
+        .ok()
+        .filter(|&n| n <= entries.len())
+        .map(|n| entries.take(n))
+        .ok_or_else(|| corrupt(&format!("{what}: truncated")))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +118,12 @@ impl RootBlock {
 }
 
 pub fn encode_objset_table(entries: &[(u64, Option<BlockPtr>)]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(16 + entries.len() * (8 + BLKPTR_SIZE));
+    let mut b = Vec::with_capacity(
+        entries
+            .len()
+            .saturating_mul(OSTB_ENTRY)
+            .saturating_add(OSTB_HEAD),
+    );
     b.extend_from_slice(OSTB_MAGIC);
     b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     b.extend_from_slice(&[0u8; 4]);
@@ -100,20 +135,13 @@ pub fn encode_objset_table(entries: &[(u64, Option<BlockPtr>)]) -> Vec<u8> {
 }
 
 pub fn decode_objset_table(b: &[u8]) -> Result<Vec<(u64, Option<BlockPtr>)>, PoolError> {
-    if b.len() < 16 || &b[0..8] != OSTB_MAGIC {
+    if b.len() < OSTB_HEAD || &b[0..8] != OSTB_MAGIC {
         return Err(corrupt("objset table: bad magic"));
     }
-    let count = u32_at(b, 8) as usize;
-    let entry = 8 + BLKPTR_SIZE;
-    if 16 + count.saturating_mul(entry) > b.len() {
-        return Err(corrupt("objset table: truncated"));
-    }
-    let mut out = Vec::with_capacity(count);
-    for i in 0..count {
-        let o = 16 + i * entry;
-        out.push((u64_at(b, o), BlockPtr::decode(&b[o + 8..o + entry])?));
-    }
-    Ok(out)
+    let entries = b[OSTB_HEAD..].chunks_exact(OSTB_ENTRY);
+    counted(entries, u32_at(b, 8), "objset table")?
+        .map(|e| Ok((u64_at(e, 0), BlockPtr::decode(&e[8..])?)))
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -126,7 +154,12 @@ pub struct SpaceMapBlock {
 
 impl SpaceMapBlock {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(24 + BLKPTR_SIZE + self.records.len() * 32);
+        let mut b = Vec::with_capacity(
+            self.records
+                .len()
+                .saturating_mul(SPACE_RECORD_SIZE)
+                .saturating_add(SPML_HEAD),
+        );
         b.extend_from_slice(SPML_MAGIC);
         b.extend_from_slice(&self.txg.to_le_bytes());
         b.extend_from_slice(&u32::from(self.condensed).to_le_bytes());
@@ -139,22 +172,17 @@ impl SpaceMapBlock {
     }
 
     pub fn decode(b: &[u8]) -> Result<Self, PoolError> {
-        let head = 24 + BLKPTR_SIZE;
-        if b.len() < head || &b[0..8] != SPML_MAGIC {
+        if b.len() < SPML_HEAD || &b[0..8] != SPML_MAGIC {
             return Err(corrupt("space map log: bad magic"));
         }
-        let count = u32_at(b, 20) as usize;
-        if head + count.saturating_mul(32) > b.len() {
-            return Err(corrupt("space map log: truncated"));
-        }
-        let mut records = Vec::with_capacity(count);
-        for i in 0..count {
-            records.push(SpaceRecord::decode(&b[head + i * 32..head + (i + 1) * 32])?);
-        }
+        let listed = b[SPML_HEAD..].chunks_exact(SPACE_RECORD_SIZE);
+        let records = counted(listed, u32_at(b, 20), "space map log")?
+            .map(SpaceRecord::decode)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             txg: u64_at(b, 8),
             condensed: u32_at(b, 16) & 1 == 1,
-            prev: BlockPtr::decode(&b[24..head])?,
+            prev: BlockPtr::decode(&b[24..SPML_HEAD])?,
             records,
         })
     }

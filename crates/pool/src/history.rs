@@ -4,6 +4,11 @@
 //! A chain of blocks, newest first. Each block: magic "TANKHIST" u64, count u32, 4 zero
 //! bytes, the previous block's pointer (128 bytes, a hole for the first), then `count` records
 //! of { u32 length, length bytes of JSON {"time", "txg", "host", "command"} }.
+//!
+//! A history block comes from a device: decoding it never panics, and arithmetic on what it
+//! says is checked (`clippy::arithmetic_side_effects` is denied here).
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use serde::{Deserialize, Serialize};
 use tank_block::{BlockPtr, BLKPTR_SIZE};
@@ -11,6 +16,8 @@ use tank_block::{BlockPtr, BLKPTR_SIZE};
 use crate::PoolError;
 
 pub const HIST_MAGIC: &[u8; 8] = b"TANKHIST";
+/// Bytes before the records: magic, count, zero, the previous block's pointer.
+const HEAD: usize = 16 + BLKPTR_SIZE;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryRecord {
@@ -37,26 +44,24 @@ pub fn encode(prev: Option<&BlockPtr>, records: &[HistoryRecord]) -> Vec<u8> {
 /// Decodes one history block: (previous block, records).
 pub fn decode(raw: &[u8]) -> Result<(Option<BlockPtr>, Vec<HistoryRecord>), PoolError> {
     let bad = |m: &str| PoolError::Corrupt(format!("history block: {m}"));
-    if raw.len() < 16 + BLKPTR_SIZE || &raw[0..8] != HIST_MAGIC {
+    if raw.len() < HEAD || &raw[0..8] != HIST_MAGIC {
         return Err(bad("bad magic"));
     }
-    let count = u32::from_le_bytes(raw[8..12].try_into().expect("4")) as usize;
-    let prev = BlockPtr::decode(&raw[16..16 + BLKPTR_SIZE])?;
-    let mut pos = 16 + BLKPTR_SIZE;
-    let mut records = Vec::with_capacity(count.min(4096));
+    let count = u32::from_le_bytes(raw[8..12].try_into().expect("4"));
+    let prev = BlockPtr::decode(&raw[16..HEAD])?;
+    let mut rest = &raw[HEAD..];
+    let mut records = Vec::with_capacity(count.min(4096) as usize);
     for _ in 0..count {
-        if pos + 4 > raw.len() {
-            return Err(bad("truncated"));
-        }
-        let len = u32::from_le_bytes(raw[pos..pos + 4].try_into().expect("4")) as usize;
-        pos += 4;
-        if pos + len > raw.len() {
-            return Err(bad("truncated record"));
-        }
-        let r: HistoryRecord =
-            serde_json::from_slice(&raw[pos..pos + len]).map_err(|e| bad(&e.to_string()))?;
+        let (len, after) = rest
+            .split_first_chunk::<4>()
+            .ok_or_else(|| bad("truncated"))?;
+        let (json, after) = usize::try_from(u32::from_le_bytes(*len))
+            .ok()
+            .and_then(|len| after.split_at_checked(len))
+            .ok_or_else(|| bad("truncated record"))?;
+        let r: HistoryRecord = serde_json::from_slice(json).map_err(|e| bad(&e.to_string()))?;
         records.push(r);
-        pos += len;
+        rest = after;
     }
     Ok((prev, records))
 }

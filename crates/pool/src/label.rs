@@ -20,6 +20,11 @@
 //! A torn or rotted label or uberblock fails its CRC and is ignored; the other copies
 //! (4 per device, on every device) stand in. Config updates write L0/L2, flush, then L1/L3, so a
 //! crash leaves at least one complete generation.
+//!
+//! Labels and uberblocks come from devices: decoding them never panics, and arithmetic on
+//! decoded values is checked (`clippy::arithmetic_side_effects` is denied here).
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use tank_block::{BlockPtr, BLKPTR_SIZE};
 use tank_device::BlockDevice;
@@ -35,6 +40,7 @@ pub const CONFIG_OFFSET: usize = 4096;
 pub const CONFIG_MAX: usize = 128 * 1024 - CONFIG_OFFSET;
 pub const RING_OFFSET: u64 = 128 * 1024;
 pub const RING_SIZE: u64 = 128 * 1024;
+const RING_END: u64 = RING_OFFSET + RING_SIZE;
 pub const UBER_LEN: usize = 172;
 
 /// The header and config of one label, decoded.
@@ -62,28 +68,50 @@ pub struct Uberblock {
 /// ashift 14 to 16 written before the cap used whole-sector slots; those sit at multiples of
 /// 8 KiB and are found all the same.
 pub fn slot_size(ashift: u32) -> u64 {
-    1u64 << ashift.clamp(10, 13)
+    1u64 << slot_shift(ashift)
 }
 
 pub fn slots(ashift: u32) -> u64 {
-    RING_SIZE / slot_size(ashift)
+    RING_SIZE >> slot_shift(ashift)
+}
+
+/// A ring slot is `1 << slot_shift` bytes (`ashift` may come from a device: any value works).
+fn slot_shift(ashift: u32) -> u32 {
+    ashift.clamp(10, 13)
 }
 
 /// The ring slots that hold uberblocks: all but the last, which is the heartbeat's.
+#[allow(clippy::arithmetic_side_effects)] // A ring has 16 to 128 slots.
 pub fn uberblock_slots(ashift: u32) -> u64 {
     slots(ashift) - 1
 }
 
 /// Where in a label the multihost heartbeat slot is (the ring's last slot).
+#[allow(clippy::arithmetic_side_effects)] // A slot (at most 8 KiB) fits in the ring.
 pub fn heartbeat_offset(ashift: u32) -> u64 {
-    RING_OFFSET + uberblock_slots(ashift) * slot_size(ashift)
+    RING_END - slot_size(ashift)
 }
 
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+/// Where in a label the uberblock of `txg` goes (ring slot `txg % uberblock_slots`).
+#[allow(clippy::arithmetic_side_effects)] // The slot is one of the ring's (16 to 128).
+fn uberblock_offset(ashift: u32, txg: u64) -> u64 {
+    RING_OFFSET + (txg % uberblock_slots(ashift)) * slot_size(ashift)
 }
+
+/// The device offset of byte `pos` of the label at `label` (one of `label_offsets`).
+pub(crate) fn label_pos(dev: &dyn BlockDevice, label: u64, pos: u64) -> Result<u64, PoolError> {
+    label.checked_add(pos).ok_or_else(|| {
+        PoolError::InvalidArgument(format!("device {} is too small for labels", dev.name()))
+    })
+}
+
+/// The little-endian u32 at `o` of `b` (which the caller has checked is long enough).
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..][..4].try_into().expect("4 bytes"))
+}
+/// The little-endian u64 at `o` of `b` (which the caller has checked is long enough).
 fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+    u64::from_le_bytes(b[o..][..8].try_into().expect("8 bytes"))
 }
 
 /// Encodes the header + config part of a label (the first 128 KiB).
@@ -111,7 +139,7 @@ pub fn encode_label(
     buf[52..56].copy_from_slice(&crc32c::crc32c(&json).to_le_bytes());
     let crc = crc32c::crc32c(&buf[..HEADER_SIZE - 4]);
     buf[HEADER_SIZE - 4..HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
-    buf[CONFIG_OFFSET..CONFIG_OFFSET + json.len()].copy_from_slice(&json);
+    buf[CONFIG_OFFSET..][..json.len()].copy_from_slice(&json);
     Ok(buf)
 }
 
@@ -127,11 +155,11 @@ pub fn decode_label(buf: &[u8], index: usize) -> Result<Label, String> {
     if crc32c::crc32c(&buf[..HEADER_SIZE - 4]) != crc {
         return Err("label header checksum mismatch".into());
     }
-    let len = u32_at(buf, 48) as usize;
-    if len > CONFIG_MAX {
-        return Err("label config length out of range".into());
-    }
-    let json = &buf[CONFIG_OFFSET..CONFIG_OFFSET + len];
+    let json = usize::try_from(u32_at(buf, 48))
+        .ok()
+        .filter(|&len| len <= CONFIG_MAX)
+        .map(|len| &buf[CONFIG_OFFSET..][..len])
+        .ok_or("label config length out of range")?;
     if crc32c::crc32c(json) != u32_at(buf, 52) {
         return Err("label config checksum mismatch".into());
     }
@@ -243,9 +271,9 @@ pub fn write_uberblock(dev: &dyn BlockDevice, ub: &Uberblock) -> Result<(), Pool
     let slot = slot_size(ub.ashift);
     let mut buf = vec![0u8; slot as usize];
     buf[..UBER_LEN].copy_from_slice(&ub.encode());
-    let pos = RING_OFFSET + (ub.txg % uberblock_slots(ub.ashift)) * slot;
+    let pos = uberblock_offset(ub.ashift, ub.txg);
     for off in label_offsets(dev.size()) {
-        dev.write_at(&buf, off + pos)?;
+        dev.write_at(&buf, label_pos(dev, off, pos)?)?;
     }
     Ok(())
 }
@@ -259,8 +287,8 @@ pub fn invalidate_newer(
     let slot = slot_size(ashift);
     let zero = vec![0u8; slot as usize];
     for off in label_offsets(dev.size()) {
-        for s in 0..slots(ashift) {
-            let pos = off + RING_OFFSET + s * slot;
+        for pos in (RING_OFFSET..RING_END).step_by(slot as usize) {
+            let pos = label_pos(dev, off, pos)?;
             let mut buf = vec![0u8; UBER_LEN];
             if dev.read_at(&mut buf, pos).is_ok() {
                 if let Ok(ub) = Uberblock::decode(&buf) {
@@ -280,15 +308,17 @@ pub fn read_uberblocks(dev: &dyn BlockDevice, ashift: u32) -> Vec<(usize, Uberbl
     if dev.size() < 4 * LABEL_SIZE {
         return out;
     }
-    let slot = slot_size(ashift);
+    let slot = slot_size(ashift) as usize;
     for (i, off) in label_offsets(dev.size()).into_iter().enumerate() {
         let mut ring = vec![0u8; RING_SIZE as usize];
-        if dev.read_at(&mut ring, off + RING_OFFSET).is_err() {
+        let Ok(pos) = label_pos(dev, off, RING_OFFSET) else {
+            continue;
+        };
+        if dev.read_at(&mut ring, pos).is_err() {
             continue;
         }
-        for s in 0..slots(ashift) {
-            let start = (s * slot) as usize;
-            if let Ok(ub) = Uberblock::decode(&ring[start..start + UBER_LEN]) {
+        for raw in ring.chunks_exact(slot) {
+            if let Ok(ub) = Uberblock::decode(raw) {
                 out.push((i, ub));
             }
         }
@@ -300,6 +330,26 @@ pub fn read_uberblocks(dev: &dyn BlockDevice, ashift: u32) -> Vec<(usize, Uberbl
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn ring_slots_tile_the_ring_whatever_the_ashift() {
+        for ashift in [0, 9, 12, 13, 16, u32::MAX] {
+            let slot = slot_size(ashift);
+            assert!((1024..=8192).contains(&slot));
+            assert_eq!(slots(ashift) * slot, RING_SIZE);
+            assert_eq!(
+                heartbeat_offset(ashift),
+                RING_OFFSET + uberblock_slots(ashift) * slot
+            );
+            assert_eq!(uberblock_offset(ashift, 0), RING_OFFSET);
+            assert_eq!(
+                uberblock_offset(ashift, uberblock_slots(ashift)),
+                RING_OFFSET
+            );
+            assert_eq!(uberblock_offset(ashift, 1), RING_OFFSET + slot);
+            assert!(uberblock_offset(ashift, u64::MAX) < heartbeat_offset(ashift));
+        }
+    }
 
     proptest! {
         #[test]

@@ -25,6 +25,12 @@
 //!   once both see the other's record and both back off: never both win.
 //!
 //! The interval used is the larger of this importer's and the one the records carry.
+//!
+//! Heartbeat records come from devices (and from other hosts): decoding them never panics,
+//! and arithmetic on what they say is checked (`clippy::arithmetic_side_effects` is denied
+//! here).
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +38,7 @@ use tank_device::BlockDevice;
 use tank_vdev::label_offsets;
 
 use crate::config::{now_secs, HostIdentity, PoolConfig, PoolState};
-use crate::label::{self, heartbeat_offset, slot_size};
+use crate::label::{self, heartbeat_offset, label_pos, slot_size};
 use crate::PoolError;
 
 pub const HEARTBEAT_MAGIC: &[u8; 8] = b"TANKMMP1";
@@ -65,7 +71,7 @@ impl Default for MmpTunables {
 impl MmpTunables {
     /// How long a writer may go without a heartbeat before it suspends.
     pub fn fail_after(&self) -> Duration {
-        self.interval * self.fail_intervals.max(1)
+        self.interval.saturating_mul(self.fail_intervals.max(1))
     }
 }
 
@@ -101,16 +107,9 @@ impl Heartbeat {
         b[56..64].copy_from_slice(&self.timestamp.to_le_bytes());
         b[64..68].copy_from_slice(&self.interval_ms.to_le_bytes());
         // A host name is cut at a character boundary to fit.
-        let mut name = self.hostname.as_str();
-        while name.len() > HOSTNAME_MAX {
-            let mut end = HOSTNAME_MAX;
-            while !name.is_char_boundary(end) {
-                end -= 1;
-            }
-            name = &name[..end];
-        }
+        let name = &self.hostname[..self.hostname.floor_char_boundary(HOSTNAME_MAX)];
         b[68..72].copy_from_slice(&(name.len() as u32).to_le_bytes());
-        b[72..72 + name.len()].copy_from_slice(name.as_bytes());
+        b[72..][..name.len()].copy_from_slice(name.as_bytes());
         let crc = crc32c::crc32c(&b[..136]);
         b[136..140].copy_from_slice(&crc.to_le_bytes());
         b
@@ -121,22 +120,18 @@ impl Heartbeat {
         if &b[0..8] != HEARTBEAT_MAGIC {
             return Err("no heartbeat record".into());
         }
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut v = [0u8; 8];
-            v.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(v)
-        };
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..][..4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..][..8].try_into().expect("8 bytes"));
         if u32_at(136) != crc32c::crc32c(&b[..136]) {
             return Err("heartbeat record fails its checksum".into());
         }
         if u32_at(8) != HEARTBEAT_VERSION {
             return Err(format!("heartbeat record version {} is unknown", u32_at(8)));
         }
-        let len = u32_at(68) as usize;
-        let name = b
-            .get(72..72usize.saturating_add(len))
-            .filter(|_| len <= HOSTNAME_MAX)
+        let name = usize::try_from(u32_at(68))
+            .ok()
+            .filter(|&len| len <= HOSTNAME_MAX)
+            .map(|len| &b[72..][..len])
             .ok_or("heartbeat host name is too long")?;
         Ok(Self {
             hostid: u32_at(12),
@@ -175,7 +170,7 @@ pub fn write_heartbeat(
     let off = offs
         .get(index)
         .ok_or_else(|| PoolError::InvalidArgument(format!("label {index} does not exist")))?;
-    dev.write_at(&buf, off + heartbeat_offset(ashift))?;
+    dev.write_at(&buf, label_pos(dev, *off, heartbeat_offset(ashift))?)?;
     Ok(())
 }
 
@@ -187,8 +182,8 @@ pub fn read_heartbeats(dev: &dyn BlockDevice, ashift: u32) -> Vec<Result<Option<
         .into_iter()
         .map(|off| {
             let mut buf = vec![0u8; slot_size(ashift) as usize];
-            dev.read_at(&mut buf, off + heartbeat_offset(ashift))
-                .map_err(|_| ())?;
+            let pos = label_pos(dev, off, heartbeat_offset(ashift)).map_err(|_| ())?;
+            dev.read_at(&mut buf, pos).map_err(|_| ())?;
             Ok(Heartbeat::decode(&buf).ok())
         })
         .collect()
@@ -226,9 +221,12 @@ pub fn claim(
     let interval = tunables.interval.max(Duration::from_millis(recorded_ms));
     let elsewhere = config.state == PoolState::Active && !config.imported_by(host);
     let watch = if elsewhere {
-        interval * tunables.import_intervals.max(tunables.fail_intervals + 1)
+        let intervals = tunables
+            .import_intervals
+            .max(tunables.fail_intervals.saturating_add(1));
+        interval.saturating_mul(intervals)
     } else {
-        interval * 2
+        interval.saturating_mul(2)
     };
     let txgs: Vec<u64> = devs.iter().map(|d| newest_txg(*d, ashift)).collect();
     let session = rand::random::<u64>() | 1;
@@ -243,17 +241,15 @@ pub fn claim(
         timestamp: now_secs(),
         interval_ms: u32::try_from(tunables.interval.as_millis()).unwrap_or(u32::MAX),
     };
-    let mut claimed = 0;
+    let mut claimed = false;
     for dev in devs {
         let mut ok = true;
         for index in 0..4 {
             ok &= write_heartbeat(*dev, ashift, index, &mine).is_ok();
         }
-        if ok && dev.flush().is_ok() {
-            claimed += 1;
-        }
+        claimed |= ok && dev.flush().is_ok();
     }
-    if claimed == 0 {
+    if !claimed {
         return Err(PoolError::Import(format!(
             "cannot import '{name}': multihost is on and no device took this host's claim (write errors)"
         )));
@@ -333,11 +329,13 @@ impl HeartbeatWriter {
     /// Writes the next record to the next of `devs` (a label after another), and flushes it.
     /// Returns how long it has been since a record last reached a device.
     pub fn beat(&mut self, devs: &[&dyn BlockDevice], ashift: u32, txg: u64) -> Duration {
-        if !devs.is_empty() {
-            let dev = devs[self.next % devs.len()];
-            let index = (self.next / devs.len()) % 4;
+        // Each device in turn, and the next label once every device had one (none: no devices).
+        let turn = self.next.checked_rem(devs.len());
+        if let Some((d, round)) = turn.zip(self.next.checked_div(devs.len())) {
+            let dev = devs[d];
+            let index = round % 4;
             self.next = self.next.wrapping_add(1);
-            self.record.seq += 1;
+            self.record.seq = self.record.seq.saturating_add(1);
             self.record.txg = txg;
             self.record.timestamp = now_secs();
             let ok =

@@ -64,8 +64,15 @@ pub fn aligned_size(size: u64) -> u64 {
 
 /// Offsets of the four labels on a device of `size` bytes.
 pub fn label_offsets(size: u64) -> [u64; 4] {
+    // A device too small for four labels (refused at create, and by every reader that looks
+    // at the size first) gets offsets clamped to its start instead of a wrapped one.
     let s = aligned_size(size);
-    [0, LABEL_SIZE, s - 2 * LABEL_SIZE, s - LABEL_SIZE]
+    [
+        0,
+        LABEL_SIZE,
+        s.saturating_sub(2 * LABEL_SIZE),
+        s.saturating_sub(LABEL_SIZE),
+    ]
 }
 
 /// Bytes of data area on a device of `size` bytes.
@@ -287,6 +294,8 @@ pub struct Leaf {
     )>,
     /// What counts as slow, and when the recent slow I/Os happened.
     slow: Mutex<(SlowIoPolicy, std::collections::VecDeque<std::time::Instant>)>,
+    /// The policy's threshold in microseconds, read without the lock on every I/O.
+    slow_threshold_us: AtomicU64,
     /// Too many slow I/Os: set here, taken by the pool, which decides what to do.
     slow_verdict: std::sync::atomic::AtomicBool,
     pub stats: LeafStats,
@@ -325,6 +334,7 @@ impl Leaf {
             resilvering: std::sync::atomic::AtomicBool::new(false),
             recent: Mutex::new(Default::default()),
             slow: Mutex::new(Default::default()),
+            slow_threshold_us: AtomicU64::new(micros(SlowIoPolicy::default().threshold)),
             slow_verdict: std::sync::atomic::AtomicBool::new(false),
             spare_for: Mutex::new(None),
         });
@@ -647,6 +657,8 @@ impl Leaf {
         let mut slow = self.slow.lock();
         slow.0 = policy;
         slow.1.clear();
+        self.slow_threshold_us
+            .store(micros(policy.threshold), Ordering::Relaxed);
     }
 
     pub fn slow_io_policy(&self) -> SlowIoPolicy {
@@ -655,6 +667,9 @@ impl Leaf {
 
     /// Notes how long a read or write of `len` bytes at `offset` took at the device.
     fn note_latency(&self, op: &str, offset: u64, len: usize, took: std::time::Duration) {
+        if micros(took) < self.slow_threshold_us.load(Ordering::Relaxed) {
+            return;
+        }
         let verdict = {
             let mut slow = self.slow.lock();
             let policy = slow.0;
@@ -786,6 +801,10 @@ pub enum IoClass {
 /// Errors within `ERRORS_T` that fault (I/O) or degrade (checksum) a leaf.
 const ERRORS_N: usize = 10;
 const ERRORS_T: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
 
 /// What makes a device slow (see "Slow devices" in the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -64,6 +64,11 @@
 //! ### Filesystem header (32 bytes)
 //! magic `TANKPOSX` (8) | format version u32 (1) | flags u32 (0) | creation time: seconds
 //! i64, nanoseconds u32 | zero u32.
+//!
+//! Items come from devices: decoding them never panics, and arithmetic on decoded values is
+//! checked (`clippy::arithmetic_side_effects` is denied here).
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use super::types::{FileKind, Ino, Timespec};
 use crate::errno::Errno;
@@ -156,32 +161,35 @@ pub(crate) struct Inode {
     pub crtime: Timespec,
 }
 
+// Fixed-offset fields of records whose length the caller has checked.
 fn put_u16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    b[at..][..2].copy_from_slice(&v.to_le_bytes());
 }
 fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    b[at..][..4].copy_from_slice(&v.to_le_bytes());
 }
 fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    b[at..][..8].copy_from_slice(&v.to_le_bytes());
 }
 fn put_time(b: &mut [u8], at: usize, t: Timespec) {
-    b[at..at + 8].copy_from_slice(&t.sec.to_le_bytes());
-    put_u32(b, at + 8, t.nsec);
+    let b = &mut b[at..];
+    b[..8].copy_from_slice(&t.sec.to_le_bytes());
+    put_u32(b, 8, t.nsec);
 }
 fn get_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+    u16::from_le_bytes(b[at..][..2].try_into().expect("2 bytes"))
 }
 fn get_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+    u32::from_le_bytes(b[at..][..4].try_into().expect("4 bytes"))
 }
 fn get_u64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+    u64::from_le_bytes(b[at..][..8].try_into().expect("8 bytes"))
 }
 fn get_time(b: &[u8], at: usize) -> Result<Timespec, Errno> {
+    let b = &b[at..];
     let t = Timespec {
-        sec: i64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes")),
-        nsec: get_u32(b, at + 8),
+        sec: i64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+        nsec: get_u32(b, 8),
     };
     if t.nsec >= 1_000_000_000 {
         return Err(corrupt());
@@ -258,11 +266,7 @@ pub(crate) struct Dirent {
 pub(crate) fn encode_dirent(ino: Ino, kind: FileKind, name: &[u8]) -> Vec<u8> {
     assert!(!name.is_empty() && name.len() <= super::types::NAME_MAX);
     assert!(ino != 0);
-    let mut b = Vec::with_capacity(DIRENT_HEADER_LEN + name.len());
-    b.extend_from_slice(&ino.to_le_bytes());
-    b.push(kind_code(kind));
-    b.extend_from_slice(name);
-    b
+    [&ino.to_le_bytes()[..], &[kind_code(kind)], name].concat()
 }
 
 pub(crate) fn decode_dirent(b: &[u8]) -> Result<Dirent, Errno> {
@@ -285,11 +289,12 @@ pub(crate) fn decode_dirent(b: &[u8]) -> Result<Dirent, Errno> {
 pub(crate) fn dirent_base(name: &[u8]) -> u64 {
     let base = (xxh3_64(name) >> 1) & !DIR_CHAIN;
     let base = base.max(DIR_SLOT_MIN);
-    debug_assert!(base + DIR_CHAIN < 1 << 63);
+    debug_assert!(base.checked_add(DIR_CHAIN).is_some_and(|end| end < 1 << 63));
     base
 }
 
 /// The first xslot of xattr `name`'s hash chain.
+#[allow(clippy::arithmetic_side_effects)] // A 32-bit hash times XATTR_CHAIN (256): below 2^40.
 pub(crate) fn xattr_base(name: &[u8]) -> u64 {
     (xxh3_64(name) >> 32) * XATTR_CHAIN
 }
@@ -304,39 +309,44 @@ pub(crate) struct XattrHead {
 
 /// How many value bytes the xattr item of a name of `name_len` bytes holds.
 pub(crate) fn xattr_first_len(name_len: usize, value_len: usize) -> usize {
-    value_len.min(ITEM_MAX - XATTR_HEADER_LEN - name_len)
+    value_len.min((ITEM_MAX - XATTR_HEADER_LEN).saturating_sub(name_len))
 }
 
 pub(crate) fn encode_xattr_head(name: &[u8], value: &[u8]) -> Vec<u8> {
     assert!(!name.is_empty() && name.len() <= super::types::NAME_MAX);
     assert!(value.len() <= super::types::XATTR_SIZE_MAX);
     let first = xattr_first_len(name.len(), value.len());
-    let mut b = Vec::with_capacity(XATTR_HEADER_LEN + name.len() + first);
-    b.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    b.push(name.len() as u8);
-    b.extend_from_slice(name);
-    b.extend_from_slice(&value[..first]);
+    let b = [
+        &(value.len() as u32).to_le_bytes()[..],
+        &[name.len() as u8],
+        name,
+        &value[..first],
+    ]
+    .concat();
     assert!(b.len() <= ITEM_MAX);
     b
 }
 
 pub(crate) fn decode_xattr_head(b: &[u8]) -> Result<XattrHead, Errno> {
-    if b.len() < XATTR_HEADER_LEN {
+    let (head, rest) = b
+        .split_first_chunk::<XATTR_HEADER_LEN>()
+        .ok_or_else(corrupt)?;
+    let value_len = usize::try_from(get_u32(head, 0))
+        .ok()
+        .filter(|&len| len <= super::types::XATTR_SIZE_MAX)
+        .ok_or_else(corrupt)?;
+    let name_len = usize::from(head[4]);
+    if name_len == 0 {
         return Err(corrupt());
     }
-    let value_len = get_u32(b, 0) as usize;
-    let name_len = b[4] as usize;
-    if name_len == 0 || value_len > super::types::XATTR_SIZE_MAX {
-        return Err(corrupt());
-    }
-    let first = xattr_first_len(name_len, value_len);
-    if b.len() != XATTR_HEADER_LEN + name_len + first {
+    let (name, first) = rest.split_at_checked(name_len).ok_or_else(corrupt)?;
+    if first.len() != xattr_first_len(name_len, value_len) {
         return Err(corrupt());
     }
     Ok(XattrHead {
         value_len,
-        name: b[XATTR_HEADER_LEN..XATTR_HEADER_LEN + name_len].to_vec(),
-        first: b[XATTR_HEADER_LEN + name_len..].to_vec(),
+        name: name.to_vec(),
+        first: first.to_vec(),
     })
 }
 

@@ -4,6 +4,12 @@
 //! A [`Node`] never touches the store: the caller hands it loaded children (as `NodeRef`s) and
 //! written data blocks, and gets bytes back. Everything in here is pure, so the decoder can be
 //! fed garbage by property tests.
+//!
+//! Nodes come from devices: decoding one never panics, and arithmetic on decoded values is
+//! checked (`clippy::arithmetic_side_effects` is denied here). A decoded node's size is the
+//! length of its bytes; the size accounting of nodes in memory checks its own consistency.
+
+#![deny(clippy::arithmetic_side_effects)]
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -68,11 +74,23 @@ pub(crate) enum Body {
 }
 
 /// Serialized size of a leaf item holding `value`.
+#[allow(clippy::arithmetic_side_effects)] // A slice's length is at most isize::MAX: no overflow.
 pub(crate) fn item_size(value: &Value) -> usize {
     match value {
         Value::Inline(bytes) => ITEM_INLINE_OVERHEAD + bytes.len(),
         Value::Block(_) => ITEM_BLOCK_SIZE,
     }
+}
+
+/// Serialized size of a node whose entries take `sizes` bytes each (a size that saturates is
+/// far above `NODE_MAX`, too large all the same).
+fn node_size(sizes: impl IntoIterator<Item = usize>) -> usize {
+    sizes.into_iter().fold(HEADER_SIZE, usize::saturating_add)
+}
+
+/// Serialized size of an internal node of `count` entries.
+fn internal_size(count: usize) -> usize {
+    count.saturating_mul(ENTRY_SIZE).saturating_add(HEADER_SIZE)
 }
 
 /// Index of the child whose subtree may hold `key`: the last entry with first key <= `key`,
@@ -85,7 +103,7 @@ pub(crate) fn child_index(children: &[(Key, Arc<NodeRef>)], key: &Key) -> usize 
 
 impl Node {
     pub(crate) fn new_leaf(items: Vec<(Key, Value)>) -> Node {
-        let size_bytes = HEADER_SIZE + items.iter().map(|(_, v)| item_size(v)).sum::<usize>();
+        let size_bytes = node_size(items.iter().map(|(_, v)| item_size(v)));
         Node {
             level: 0,
             size_bytes,
@@ -95,7 +113,7 @@ impl Node {
 
     pub(crate) fn new_internal(level: u8, children: Vec<(Key, Arc<NodeRef>)>) -> Node {
         assert!((1..=MAX_LEVEL).contains(&level), "internal level {level}");
-        let size_bytes = HEADER_SIZE + children.len() * ENTRY_SIZE;
+        let size_bytes = internal_size(children.len());
         Node {
             level,
             size_bytes,
@@ -135,10 +153,8 @@ impl Node {
     /// Size recomputed from the entries; equal to `size_bytes` unless a mutator has a bug.
     pub(crate) fn computed_size(&self) -> usize {
         match &self.body {
-            Body::Leaf(items) => {
-                HEADER_SIZE + items.iter().map(|(_, v)| item_size(v)).sum::<usize>()
-            }
-            Body::Internal(children) => HEADER_SIZE + children.len() * ENTRY_SIZE,
+            Body::Leaf(items) => node_size(items.iter().map(|(_, v)| item_size(v))),
+            Body::Internal(children) => internal_size(children.len()),
         }
     }
 
@@ -147,6 +163,16 @@ impl Node {
             Body::Leaf(items) => items.windows(2).all(|w| w[0].0 < w[1].0),
             Body::Internal(children) => children.windows(2).all(|w| w[0].0 < w[1].0),
         }
+    }
+
+    /// Accounts for entries of `added` bytes put in and `removed` bytes taken out.
+    fn adjust_size(&mut self, added: usize, removed: usize) {
+        self.size_bytes = self
+            .size_bytes
+            .checked_add(added)
+            .and_then(|size| size.checked_sub(removed))
+            .filter(|&size| size >= HEADER_SIZE)
+            .expect("the size counts the node's entries");
     }
 
     fn leaf_items_mut(&mut self) -> &mut Vec<(Key, Value)> {
@@ -159,10 +185,11 @@ impl Node {
     pub(crate) fn leaf_insert(&mut self, index: usize, key: Key, value: Value) {
         let size = item_size(&value);
         let items = self.leaf_items_mut();
-        assert!(index == 0 || items[index - 1].0 < key);
-        assert!(index == items.len() || key < items[index].0);
+        let (before, after) = items.split_at(index);
+        assert!(before.last().is_none_or(|(k, _)| *k < key));
+        assert!(after.first().is_none_or(|(k, _)| key < *k));
         items.insert(index, (key, value));
-        self.size_bytes += size;
+        self.adjust_size(size, 0);
     }
 
     /// Replaces the value at `index`, returning the old one.
@@ -170,14 +197,13 @@ impl Node {
         let size_new = item_size(&value);
         let items = self.leaf_items_mut();
         let old = std::mem::replace(&mut items[index].1, value);
-        self.size_bytes = self.size_bytes - item_size(&old) + size_new;
+        self.adjust_size(size_new, item_size(&old));
         old
     }
 
     pub(crate) fn leaf_remove(&mut self, index: usize) -> (Key, Value) {
         let (key, value) = self.leaf_items_mut().remove(index);
-        self.size_bytes -= item_size(&value);
-        assert!(self.size_bytes >= HEADER_SIZE);
+        self.adjust_size(0, item_size(&value));
         (key, value)
     }
 
@@ -190,10 +216,8 @@ impl Node {
         let Body::Internal(children) = &mut self.body else {
             panic!("child operation on a leaf");
         };
-        let removed = range.len();
-        let added = entries.len();
         children.splice(range, entries);
-        self.size_bytes = self.size_bytes + added * ENTRY_SIZE - removed * ENTRY_SIZE;
+        self.size_bytes = internal_size(children.len());
         debug_assert!(self.keys_strictly_increasing());
     }
 
@@ -208,7 +232,7 @@ impl Node {
             (Body::Internal(a), Body::Internal(b)) => a.extend(b),
             _ => unreachable!("same level implies same kind"),
         }
-        self.size_bytes += right.size_bytes - HEADER_SIZE;
+        self.adjust_size(right.size_bytes, HEADER_SIZE);
     }
 
     /// Splits this node in two, keeping the left part and returning the right part.
@@ -223,22 +247,22 @@ impl Node {
             Body::Leaf(items) => items.iter().map(|(_, v)| item_size(v)).collect(),
             Body::Internal(children) => vec![ENTRY_SIZE; children.len()],
         };
-        let content: usize = sizes.iter().sum();
-        let mut index = if append && content - sizes[count - 1] + HEADER_SIZE <= NODE_MAX {
-            count - 1
+        // Every entry but the last: what an append split keeps.
+        let (_, all_but_last) = sizes.split_last().expect("two entries or more");
+        let index = if append && node_size(all_but_last.iter().copied()) <= NODE_MAX {
+            all_but_last.len()
         } else {
-            split_index(&sizes, content)
+            split_index(&sizes)
         };
-        index = index.clamp(1, count - 1);
+        let (left_sizes, right_sizes) = sizes.split_at(index.clamp(1, all_but_last.len()));
         let right_body = match &mut self.body {
-            Body::Leaf(items) => Body::Leaf(items.split_off(index)),
-            Body::Internal(children) => Body::Internal(children.split_off(index)),
+            Body::Leaf(items) => Body::Leaf(items.split_off(left_sizes.len())),
+            Body::Internal(children) => Body::Internal(children.split_off(left_sizes.len())),
         };
-        let left_content: usize = sizes[..index].iter().sum();
-        self.size_bytes = HEADER_SIZE + left_content;
+        self.size_bytes = node_size(left_sizes.iter().copied());
         let right = Node {
             level: self.level,
-            size_bytes: HEADER_SIZE + content - left_content,
+            size_bytes: node_size(right_sizes.iter().copied()),
             body: right_body,
         };
         assert!(
@@ -366,16 +390,16 @@ impl Node {
     }
 }
 
-/// The index that cuts `sizes` (summing to `content`) closest to two equal halves.
-fn split_index(sizes: &[usize], content: usize) -> usize {
-    let half = content / 2;
+/// The index that cuts `sizes` closest to two equal halves (the later cut on a tie).
+fn split_index(sizes: &[usize]) -> usize {
+    let half = sizes.iter().copied().fold(0, usize::saturating_add) / 2;
     let mut before = 0usize;
-    for (index, size) in sizes.iter().enumerate() {
-        let after = before + size;
+    for (index, &size) in sizes.iter().enumerate() {
+        let after = before.saturating_add(size);
         if after >= half {
             // Cut before or after this entry, whichever is nearer the middle.
-            return if after - half <= half - before {
-                index + 1
+            return if after.abs_diff(half) <= half.abs_diff(before) {
+                index.saturating_add(1)
             } else {
                 index
             };
@@ -412,10 +436,14 @@ impl Expect {
         let Body::Internal(children) = &parent.body else {
             panic!("child expectation of a leaf");
         };
+        let [(first, _), rest @ ..] = &children[index..] else {
+            panic!("child {index} of a node of {} entries", children.len());
+        };
         Expect {
-            level: Some(parent.level - 1),
-            first: Some(children[index].0),
-            upper: children.get(index + 1).map(|(k, _)| *k).or(parent_upper),
+            // An internal node is at level 1 or above.
+            level: Some(parent.level.saturating_sub(1)),
+            first: Some(*first),
+            upper: rest.first().map(|(k, _)| *k).or(parent_upper),
         }
     }
 
@@ -498,6 +526,7 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // Tests, the property tests too, use small known values.
 mod tests {
     use super::*;
     use proptest::prelude::*;
