@@ -10,3 +10,8 @@ pub fn dataset_records(data: &[u8]) {
 pub fn posix_records(data: &[u8]) {
     crate::posix::fuzz_records(data);
 }
+
+/// The send stream: raw, and cut into records given their checksums.
+pub fn send_stream(data: &[u8]) {
+    crate::stream::fuzz_stream(data);
+}

@@ -543,6 +543,53 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// For the fuzz target `send_stream` (`fuzz.rs`): the input read as a stream as it is, then
+/// cut into records (a type byte, a 16-bit length, the payload) that are given their header
+/// and running checksum, so that the decoding behind the checksum is reached; with a real
+/// `BEGIN` in front when the first byte is odd.
+#[doc(hidden)]
+pub fn fuzz_stream(data: &[u8]) {
+    fn read_all(bytes: &[u8]) {
+        let mut input = bytes;
+        let mut r = Reader::new(&mut input);
+        // Every record takes at least 32 bytes: the loop ends with the input.
+        while let Ok(Some(_)) = r.next_record() {}
+    }
+    read_all(data);
+    let Some((&first, mut rest)) = data.split_first() else {
+        return;
+    };
+    let mut out = Vec::new();
+    {
+        let mut w = Writer::new(&mut out);
+        if first & 1 == 1 {
+            let _ = w.begin(&Begin {
+                magic: STREAM_MAGIC.into(),
+                version: STREAM_VERSION,
+                kind: "filesystem".into(),
+                from_guid: 0,
+                to_guid: 7,
+                to_name: "p/a@s".into(),
+                snapshot: "s".into(),
+                creation: 1,
+                props: Default::default(),
+                compressed: first & 2 == 2,
+                resume_from: None,
+                part: 0,
+                parts: 1,
+                replicate: None,
+            });
+        }
+        while let [kind, l0, l1, tail @ ..] = rest {
+            let len = usize::from(u16::from_le_bytes([*l0, *l1])).min(tail.len());
+            let (payload, after) = tail.split_at(len);
+            let _ = w.record(u16::from(*kind % 9), payload);
+            rest = after;
+        }
+    }
+    read_all(&out);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

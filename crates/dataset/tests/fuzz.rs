@@ -28,6 +28,7 @@ const TARGETS: &[(&str, Entry)] = &[
     ("l2arc_log_block", tank_object::fuzz::l2arc_log_block),
     ("dataset_records", tank_dataset::fuzz::dataset_records),
     ("posix_records", tank_dataset::fuzz::posix_records),
+    ("send_stream", tank_dataset::fuzz::send_stream),
     ("pool_image", tank_object::fuzz::pool_image),
 ];
 
