@@ -71,6 +71,32 @@ fn step_write(i: usize) -> (u64, Vec<u8>) {
 
 const STEPS: usize = 10;
 
+/// What the crash tests' workload writes before each fsync.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Load {
+    /// `step_write`: small writes logged with their bytes, every fourth a large one.
+    Mixed,
+    /// 60 KB writes, each logged with its bytes: more than the pool's 4 MiB log region
+    /// holds before a txg, so the ring fills and a commit waits for a txg instead.
+    FillsTheLog,
+}
+
+impl Load {
+    fn steps(self) -> usize {
+        match self {
+            Load::Mixed => STEPS,
+            Load::FillsTheLog => 150,
+        }
+    }
+
+    fn write(self, i: usize) -> (u64, Vec<u8>) {
+        match self {
+            Load::Mixed => step_write(i),
+            Load::FillsTheLog => ((i as u64) * 60_000, pattern(i as u64 + 500, 60_000)),
+        }
+    }
+}
+
 /// Incompressible bytes, different per seed.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -86,7 +112,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 
 /// The workload: the file's content after each acknowledged fsync (index 0: empty, before
 /// the first), and how many were acknowledged.
-fn workload(fs: &Fs) -> (Vec<Vec<u8>>, usize) {
+fn workload(fs: &Fs, load: Load) -> (Vec<Vec<u8>>, usize) {
     let root = Cred::root();
     let mut model = vec![Vec::new()];
     let mut acked = 0;
@@ -99,8 +125,8 @@ fn workload(fs: &Fs) -> (Vec<Vec<u8>>, usize) {
         fs.fsync(f, false)?;
         acked = 1;
         let mut content = Vec::new();
-        for i in 0..STEPS {
-            let (off, data) = step_write(i);
+        for i in 0..load.steps() {
+            let (off, data) = load.write(i);
             fs.write(&root, f, off, &data, false)?;
             let end = off as usize + data.len();
             if content.len() < end {
@@ -154,7 +180,12 @@ struct Outcome {
     ops: u64,
 }
 
-fn run(seed: u64, slog: bool, crash_at: Option<u64>) -> (SimFleet, Outcome, tank_pool::LogStats) {
+fn run(
+    seed: u64,
+    slog: bool,
+    crash_at: Option<u64>,
+    load: Load,
+) -> (SimFleet, Outcome, tank_pool::LogStats) {
     let fleet = SimFleet::new(seed);
     let (_devs, pool, store) = log_pool(&fleet, slog);
     let base = fleet.ops();
@@ -162,7 +193,7 @@ fn run(seed: u64, slog: bool, crash_at: Option<u64>) -> (SimFleet, Outcome, tank
         fleet.set_crash_at(Some(base + k));
     }
     let (model, acked) = match mount(&store, &hooks()) {
-        Ok(fs) => workload(&fs),
+        Ok(fs) => workload(&fs, load),
         Err(_) => (vec![Vec::new()], 0),
     };
     let ops = fleet.ops() - base;
@@ -202,9 +233,9 @@ fn recover(
     (content, pool, store, fs)
 }
 
-fn check(seed: u64, slog: bool, k: u64, mode: CrashMode) {
-    let ctx = format!("seed {seed:#x} slog {slog} cut {k} {mode:?}");
-    let (fleet, out, _) = run(seed, slog, Some(k));
+fn check(seed: u64, slog: bool, k: u64, mode: CrashMode, load: Load) {
+    let ctx = format!("seed {seed:#x} slog {slog} {load:?} cut {k} {mode:?}");
+    let (fleet, out, _) = run(seed, slog, Some(k), load);
     let (content, pool, store, fs) = recover(fleet.crash_images(mode), &ctx);
     // Phase 0 (before the first fsync) has no file; later phases have it.
     let phase_of = |c: &Option<Vec<u8>>| -> Vec<usize> {
@@ -239,7 +270,7 @@ fn check(seed: u64, slog: bool, k: u64, mode: CrashMode) {
 }
 
 fn every_cut(seed: u64, slog: bool) {
-    let (_, full, stats) = run(seed, slog, None);
+    let (_, full, stats) = run(seed, slog, None, Load::Mixed);
     assert_eq!(full.acked, STEPS + 1, "the workload runs without a crash");
     // The log did the work: at most the first commit (which makes the pool's region)
     // waited for a txg.
@@ -247,6 +278,7 @@ fn every_cut(seed: u64, slog: bool) {
         stats.commits >= STEPS as u64 && stats.fallbacks <= 1,
         "log stats {stats:?}"
     );
+    let check = |seed, slog, k, mode| check(seed, slog, k, mode, Load::Mixed);
     if slog {
         assert!(stats.device.starts_with("log"), "{stats:?}");
     } else {
@@ -281,6 +313,28 @@ fn fsync_survives_a_crash_at_every_write_with_the_log_in_the_pool() {
 #[test]
 fn fsync_survives_a_crash_at_every_write_on_raidz2_with_gang_blocks() {
     on_raidz2_with_gang_blocks(|| every_cut(seed(0x2170_0004), false));
+}
+
+/// The log region full: the pool's 4 MiB ring takes 60 KB fsyncs until a commit finds no
+/// room and waits for a txg, which frees it; cut at every third write and flush (at every
+/// one around the commits that found the ring full would be the same cuts, about 1,500).
+#[test]
+fn fsync_survives_a_crash_with_the_log_region_full() {
+    let seed = seed(0x2170_0005);
+    let (_, full, stats) = run(seed, false, None, Load::FillsTheLog);
+    assert_eq!(full.acked, Load::FillsTheLog.steps() + 1, "{stats:?}");
+    // The first commit waits for the txg that makes the region; later ones waited because
+    // the ring was full.
+    assert!(stats.fallbacks >= 2, "the log never filled: {stats:?}");
+    for k in (0..=full.ops).step_by(3) {
+        check(seed, false, k, CrashMode::DropUnflushed, Load::FillsTheLog);
+    }
+    eprintln!(
+        "checked {} cut points; {} of {} commits found the log full",
+        full.ops / 3 + 1,
+        stats.fallbacks - 1,
+        stats.commits
+    );
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! Crashes through the whole stack: the real daemon (`tank serve`) on its default pool of
 //! file devices, its FUSE mount with the writeback cache and the intent log, killed with
-//! SIGKILL at random moments of a mixed workload (writes, fsyncs, renames, chmods, chowns,
-//! times, snapshots, a running scrub), many times with one seed, and started again.
+//! SIGKILL at random moments of a mixed workload (writes, fsyncs, renames, hard links made
+//! and removed, chmods, chowns, times, snapshots, a running scrub), many times with one
+//! seed, and started again.
 //!
 //! After every restart everything acknowledged is there: a file's bytes after its fsync, its
 //! mode, owner and times after an fsync that followed the change, a name after the rename
+//! and an fsync of the directory, a hard link (and the link count) after the link or unlink
 //! and an fsync of the directory, a snapshot once the command returned. What was in flight
 //! may be old or new, byte by byte, but never anything else: no byte nobody wrote, no file
 //! under both names or under neither. Then the pool is ONLINE, a scrub finds nothing, and
@@ -79,6 +81,8 @@ struct State {
     uid: u32,
     /// Set by the last change (None after a write, which sets it to its own time).
     mtime: Option<i64>,
+    /// Its other names (hard links), beside `name`.
+    links: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -108,7 +112,7 @@ fn step(env: &Env, m: &Mutex<Model>, r: &mut ChaCha8Rng, k: usize, snap: &mut u6
     let mnt = mnt(env);
     let cur = m.lock().unwrap().files[k].acked.clone();
     let mut next = cur.clone();
-    let op = r.gen_range(0..10);
+    let op = r.gen_range(0..12);
     let (at, len) = (r.gen_range(0..FILE_LEN - 1), r.gen_range(1..40_000));
     let len = len.min(FILE_LEN - at);
     match op {
@@ -122,6 +126,13 @@ fn step(env: &Env, m: &Mutex<Model>, r: &mut ChaCha8Rng, k: usize, snap: &mut u6
         6 => next.uid = r.gen_range(1000..1010),
         7 => next.mtime = Some(r.gen_range(1_000_000_000..1_700_000_000)),
         8 => next.name = format!("f{k}-{}", r.gen::<u32>()),
+        9 | 10 if op == 9 || cur.links.is_empty() => {
+            next.links.push(format!("l{k}-{}", r.gen::<u32>()));
+        }
+        10 => {
+            let gone = r.gen_range(0..cur.links.len());
+            next.links.remove(gone);
+        }
         _ => {
             *snap += 1;
             let name = format!("tank@crash{snap}");
@@ -154,6 +165,16 @@ fn step(env: &Env, m: &Mutex<Model>, r: &mut ChaCha8Rng, k: usize, snap: &mut u6
             7 => {
                 set_mtime(&path, next.mtime.unwrap_or_default())?;
                 fsync_path(&path)
+            }
+            9 | 10 => {
+                if next.links.len() > cur.links.len() {
+                    let new = next.links.last().expect("a new link");
+                    std::fs::hard_link(&path, mnt.join(new))?;
+                } else {
+                    let gone = cur.links.iter().find(|l| !next.links.contains(l));
+                    std::fs::remove_file(mnt.join(gone.expect("a removed link")))?;
+                }
+                fsync_path(&mnt)
             }
             _ => {
                 std::fs::rename(&path, mnt.join(&next.name))?;
@@ -219,13 +240,42 @@ fn check(env: &Env, f: &FileModel, k: usize, round: u64) -> State {
         md.mtime(),
         f.acked.mtime
     );
-    assert_eq!(md.nlink(), 1, "{ctx}: links");
+    // Hard links: one acknowledged in every state is there, one in some states may be; each
+    // there is the same file; the link count is a state's.
+    let mut candidates: Vec<&String> = states.iter().flat_map(|s| s.links.iter()).collect();
+    candidates.sort();
+    candidates.dedup();
+    let mut links = Vec::new();
+    for l in candidates {
+        let everywhere = states.iter().all(|s| s.links.contains(l));
+        match std::fs::metadata(mnt(env).join(l)) {
+            Ok(lm) => {
+                assert_eq!(lm.ino(), md.ino(), "{ctx}: link {l} is another file");
+                links.push(l.clone());
+            }
+            Err(_) => assert!(!everywhere, "{ctx}: acknowledged link {l} is gone"),
+        }
+    }
+    assert!(
+        states
+            .iter()
+            .any(|s| 1 + s.links.len() as u64 == md.nlink()),
+        "{ctx}: {} links, acked {}",
+        md.nlink(),
+        1 + f.acked.links.len()
+    );
+    assert_eq!(
+        md.nlink(),
+        1 + links.len() as u64,
+        "{ctx}: links found {links:?}"
+    );
     State {
         name,
         data,
         mode,
         uid: md.uid(),
         mtime: Some(md.mtime()),
+        links,
     }
 }
 
@@ -261,6 +311,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
                 mode: 0o644,
                 uid: md.uid(),
                 mtime: Some(md.mtime()),
+                links: Vec::new(),
             },
             pending: None,
         });
@@ -272,6 +323,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     }));
     let mut snap = 0u64;
     let mut steps_total = 0;
+    let mut links_seen = 0;
     for round in 0..ROUNDS {
         // The workload on two threads (files split between them), killed after a while.
         let stop = Arc::new(AtomicBool::new(false));
@@ -328,9 +380,17 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        eprintln!("round {round}: {acked_steps} steps acknowledged, checked after SIGKILL");
+        let links: usize = g.files.iter().map(|f| f.acked.links.len()).sum();
+        links_seen += links;
+        eprintln!(
+            "round {round}: {acked_steps} steps acknowledged, checked after SIGKILL ({links} hard links)"
+        );
     }
     assert!(steps_total > 0, "the workload acknowledged nothing");
+    assert!(
+        links_seen > 0,
+        "no hard link survived a round to be checked"
+    );
     // The pool after all of it: ONLINE, a scrub finds nothing, and it takes writes. A scrub
     // the crashes cut off has resumed in the daemon: let it end first.
     let deadline = Instant::now() + Duration::from_secs(300);
