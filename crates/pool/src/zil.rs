@@ -469,9 +469,14 @@ impl IntentLog {
                 block.next_size,
             );
         }
-        // The ring continues where the chain ends (a torn or stale block there is rewritten).
+        // The ring continues where the chain ends (a torn or stale block there is rewritten);
+        // a chain whose end lies outside its ring (damaged, or crafted) starts the ring over.
         st.ring = region_of(vdev);
-        st.pos = offset;
+        st.pos = match st.ring {
+            Some(r) if (r.start..r.end).contains(&offset) => offset,
+            Some(r) => r.start,
+            None => offset,
+        };
         st.seq = seq;
         st.size = size;
         st.live = live.into();
@@ -623,7 +628,7 @@ impl IntentLog {
             // position and the sequence number may come from the chain read at import).
             let placed = pos
                 .checked_add(asize)
-                .filter(|&end| end <= ring.end)
+                .filter(|&end| pos >= ring.start && end <= ring.end)
                 .filter(|_| !st.live.iter().any(|l| overlaps(l, ring.vdev, pos, asize)))
                 .zip(st.seq.checked_add(1));
             let Some((mut next, next_seq)) = placed else {
@@ -805,5 +810,116 @@ fn rand_guid() -> u64 {
         if g != 0 {
             return g;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::arithmetic_side_effects)] // Test arithmetic on constants.
+
+    use super::*;
+    use tank_device::{BlockDevice, MemDevice};
+    use tank_vdev::{Layout, Leaf, ParityCodec, FRONT_RESERVE};
+
+    const RING: Region = Region {
+        vdev: 0,
+        start: 1 << 20,
+        end: 2 << 20,
+    };
+
+    fn disk() -> (Arc<MemDevice>, Arc<TopVdev>) {
+        let dev = Arc::new(MemDevice::new("d0", 64 << 20));
+        let leaf = Leaf::new(1, "d0".into(), 32 << 20, Some(dev.clone()));
+        let top = TopVdev::new(
+            0,
+            2,
+            Layout::Disk,
+            vec![leaf],
+            12,
+            Arc::new(ParityCodec::new()),
+        );
+        (dev, Arc::new(top))
+    }
+
+    fn entry() -> LogEntry {
+        LogEntry {
+            objset: 1,
+            txg: 5,
+            seq: 0,
+            data: vec![7; 100],
+        }
+    }
+
+    /// Bytes of the device before the ring (where a misplaced write would land).
+    fn before_ring(dev: &MemDevice) -> Vec<u8> {
+        let mut b = vec![0u8; RING.start as usize];
+        dev.read_at(&mut b, FRONT_RESERVE).unwrap();
+        b
+    }
+
+    #[test]
+    fn a_chain_that_ends_outside_its_ring_never_moves_a_write_out_of_it() {
+        let (dev, top) = disk();
+        let t = top.clone();
+        let lookup = move |id: u32| (id == 0).then(|| t.clone());
+        // A chain whose one block (valid, checksummed) says the next goes at offset 0:
+        // before the ring, over whatever the pool keeps there.
+        let guid = 99;
+        let block = Block {
+            guid,
+            seq: 1,
+            commit_end: true,
+            next_vdev: 0,
+            next_offset: 0,
+            next_size: 4096,
+            entries: vec![entry()],
+        };
+        let batch = IoBatch::new();
+        top.write(RING.start, &block.encode(4096), &batch).unwrap();
+        assert!(batch.wait().is_empty());
+        let header = LogHeader {
+            guid,
+            head_vdev: 0,
+            head_offset: RING.start,
+            head_seq: 1,
+            head_size: 4096,
+            region: Some(RING),
+        };
+        let log = IntentLog::new(Some(header));
+        log.load(&header, 0, &lookup, &|_| Some(RING)).unwrap();
+        assert_eq!(log.take_replay().len(), 1, "the chain was read");
+        let pos = log.state.lock().pos;
+        assert!(
+            (RING.start..RING.end).contains(&pos),
+            "the ring goes on at {pos:#x}, outside {RING:?}"
+        );
+        // Once the chain's txg is committed, commits go into the ring, never before it.
+        log.replayed(5);
+        log.committed(5);
+        let untouched = before_ring(&dev);
+        for _ in 0..300 {
+            log.write(vec![entry()], &lookup).unwrap();
+            log.committed(u64::MAX - 1);
+        }
+        assert!(
+            before_ring(&dev) == untouched,
+            "a log write landed before the ring"
+        );
+    }
+
+    #[test]
+    fn a_write_position_before_the_ring_is_refused() {
+        let (dev, top) = disk();
+        let lookup = move |id: u32| (id == 0).then(|| top.clone());
+        let log = IntentLog::new(None);
+        {
+            let mut st = log.state.lock();
+            st.ring = Some(RING);
+            st.pool_region = Some(RING);
+            st.pos = RING.start - 4096;
+        }
+        let untouched = before_ring(&dev);
+        assert_eq!(log.write(vec![entry()], &lookup), Err(LogError::Full));
+        assert!(before_ring(&dev) == untouched);
     }
 }
