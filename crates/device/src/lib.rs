@@ -94,6 +94,10 @@ pub trait BlockDevice: Send + Sync + fmt::Debug {
     }
     /// Display name (the path for file devices).
     fn name(&self) -> &str;
+    /// Drops what this host caches of `[offset, +len)`, so that the next read sees what
+    /// another host may have written to a shared device since (the multihost activity
+    /// check watches for that). Devices that cache nothing do nothing.
+    fn forget_cached(&self, _offset: u64, _len: u64) {}
 }
 
 pub type DeviceRef = Arc<dyn BlockDevice>;

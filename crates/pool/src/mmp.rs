@@ -24,7 +24,9 @@
 //!   importer racing this one, which writes a claim of its own). Two importers that claim at
 //!   once both see the other's record and both back off: never both win.
 //!
-//! The interval used is the larger of this importer's and the one the records carry.
+//! The interval used is the larger of this importer's and the one the records carry. The
+//! watch reads past this host's page cache (`BlockDevice::forget_cached`): another host's
+//! writes are on the device, not in it.
 //!
 //! Heartbeat records come from devices (and from other hosts): decoding them never panics,
 //! and arithmetic on what they say is checked (`clippy::arithmetic_side_effects` is denied
@@ -38,7 +40,7 @@ use tank_device::BlockDevice;
 use tank_vdev::label_offsets;
 
 use crate::config::{now_secs, HostIdentity, PoolConfig, PoolState};
-use crate::label::{self, heartbeat_offset, label_pos, slot_size};
+use crate::label::{self, heartbeat_offset, label_pos, slot_size, RING_OFFSET, RING_SIZE};
 use crate::PoolError;
 
 pub const HEARTBEAT_MAGIC: &[u8; 8] = b"TANKMMP1";
@@ -183,6 +185,8 @@ pub fn read_heartbeats(dev: &dyn BlockDevice, ashift: u32) -> Vec<Result<Option<
         .map(|off| {
             let mut buf = vec![0u8; slot_size(ashift) as usize];
             let pos = label_pos(dev, off, heartbeat_offset(ashift)).map_err(|_| ())?;
+            // Another host's record is on the device, not in this host's page cache.
+            dev.forget_cached(pos, slot_size(ashift));
             dev.read_at(&mut buf, pos).map_err(|_| ())?;
             Ok(Heartbeat::decode(&buf).ok())
         })
@@ -191,6 +195,11 @@ pub fn read_heartbeats(dev: &dyn BlockDevice, ashift: u32) -> Vec<Result<Option<
 
 /// The newest committed txg the uberblock rings of `dev` show.
 fn newest_txg(dev: &dyn BlockDevice, ashift: u32) -> u64 {
+    for off in label_offsets(dev.size()) {
+        if let Ok(ring) = label_pos(dev, off, RING_OFFSET) {
+            dev.forget_cached(ring, RING_SIZE);
+        }
+    }
     label::read_uberblocks(dev, ashift)
         .iter()
         .map(|(_, u)| u.txg)
