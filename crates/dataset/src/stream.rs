@@ -543,6 +543,26 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The `BEGIN` of a one-part full stream of `p/a@s` (guid 7), for tests and the fuzz target.
+fn sample_begin(compressed: bool) -> Begin {
+    Begin {
+        magic: STREAM_MAGIC.into(),
+        version: STREAM_VERSION,
+        kind: "filesystem".into(),
+        from_guid: 0,
+        to_guid: 7,
+        to_name: "p/a@s".into(),
+        snapshot: "s".into(),
+        creation: 1,
+        props: Default::default(),
+        compressed,
+        resume_from: None,
+        part: 0,
+        parts: 1,
+        replicate: None,
+    }
+}
+
 /// For the fuzz target `send_stream` (`fuzz.rs`): the input read as a stream as it is, then
 /// cut into records (a type byte, a 16-bit length, the payload) that are given their header
 /// and running checksum, so that the decoding behind the checksum is reached; with a real
@@ -563,22 +583,7 @@ pub fn fuzz_stream(data: &[u8]) {
     {
         let mut w = Writer::new(&mut out);
         if first & 1 == 1 {
-            let _ = w.begin(&Begin {
-                magic: STREAM_MAGIC.into(),
-                version: STREAM_VERSION,
-                kind: "filesystem".into(),
-                from_guid: 0,
-                to_guid: 7,
-                to_name: "p/a@s".into(),
-                snapshot: "s".into(),
-                creation: 1,
-                props: Default::default(),
-                compressed: first & 2 == 2,
-                resume_from: None,
-                part: 0,
-                parts: 1,
-                replicate: None,
-            });
+            let _ = w.begin(&sample_begin(first & 2 == 2));
         }
         while let [kind, l0, l1, tail @ ..] = rest {
             let len = usize::from(u16::from_le_bytes([*l0, *l1])).min(tail.len());
@@ -597,23 +602,7 @@ mod tests {
     fn sample() -> Vec<u8> {
         let mut out = Vec::new();
         let mut w = Writer::new(&mut out);
-        w.begin(&Begin {
-            magic: STREAM_MAGIC.into(),
-            version: STREAM_VERSION,
-            kind: "filesystem".into(),
-            from_guid: 0,
-            to_guid: 7,
-            to_name: "p/a@s".into(),
-            snapshot: "s".into(),
-            creation: 1,
-            props: Default::default(),
-            compressed: false,
-            resume_from: None,
-            part: 0,
-            parts: 1,
-            replicate: None,
-        })
-        .unwrap();
+        w.begin(&sample_begin(false)).unwrap();
         let k = Key::new(1, 1, 0);
         w.leaf(&Key::MIN, &None, &[k]).unwrap();
         w.set_inline(&k, b"hello").unwrap();

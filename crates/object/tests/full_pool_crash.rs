@@ -112,6 +112,24 @@ fn round(
     Ok(())
 }
 
+/// The pool of `image`, imported from a fresh fleet's devices.
+fn open_image(
+    seed: u64,
+    image: &[(String, Vec<u8>)],
+) -> (
+    SimFleet,
+    std::sync::Arc<tank_pool::Pool>,
+    std::sync::Arc<ObjectStore>,
+) {
+    let fleet = SimFleet::new(seed);
+    let devs: Vec<SimDevice> = image
+        .iter()
+        .map(|(n, b)| fleet.device_from_image(n, b.clone()))
+        .collect();
+    let (pool, store) = reimport(&devs);
+    (fleet, pool, store)
+}
+
 /// Imports the filled image on a fresh fleet and runs the rounds; with `cut`, the fleet
 /// loses power that many operations in.
 fn run(
@@ -120,12 +138,7 @@ fn run(
     start: &Model,
     cut: Option<u64>,
 ) -> (SimFleet, Outcome) {
-    let fleet = SimFleet::new(seed);
-    let devs: Vec<SimDevice> = image
-        .iter()
-        .map(|(n, b)| fleet.device_from_image(n, b.clone()))
-        .collect();
-    let (pool, store) = reimport(&devs);
+    let (fleet, pool, store) = open_image(seed, image);
     let base = fleet.ops();
     if let Some(k) = cut {
         fleet.set_crash_at(Some(base + k));
@@ -207,12 +220,7 @@ fn a_crash_near_a_full_pool_loses_nothing_committed() {
     let (image, start) = filled(seed);
     {
         // The filled image refuses a 1 MiB write: the rounds start at the edge.
-        let fleet = SimFleet::new(seed);
-        let devs: Vec<SimDevice> = image
-            .iter()
-            .map(|(n, b)| fleet.device_from_image(n, b.clone()))
-            .collect();
-        let (pool, store) = reimport(&devs);
+        let (_fleet, pool, store) = open_image(seed, image.as_slice());
         assert!(store_is_full(&store));
         drop(store);
         pool.shutdown().unwrap();

@@ -96,6 +96,26 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
+    /// `host`'s claim on the pool of `config` (sequence 0; txg and time not yet set).
+    pub fn claim(
+        config: &PoolConfig,
+        host: &HostIdentity,
+        session: u64,
+        interval: Duration,
+    ) -> Self {
+        Self {
+            pool_guid: config.guid,
+            hostname: host.hostname.clone(),
+            hostid: host.hostid,
+            instance: host.instance,
+            session,
+            seq: 0,
+            txg: 0,
+            timestamp: 0,
+            interval_ms: u32::try_from(interval.as_millis()).unwrap_or(u32::MAX),
+        }
+    }
+
     pub fn encode(&self) -> [u8; HEARTBEAT_LEN] {
         let mut b = [0u8; HEARTBEAT_LEN];
         b[0..8].copy_from_slice(HEARTBEAT_MAGIC);
@@ -240,15 +260,9 @@ pub fn claim(
     let txgs: Vec<u64> = devs.iter().map(|d| newest_txg(*d, ashift)).collect();
     let session = rand::random::<u64>() | 1;
     let mine = Heartbeat {
-        pool_guid: config.guid,
-        hostname: host.hostname.clone(),
-        hostid: host.hostid,
-        instance: host.instance,
-        session,
-        seq: 0,
         txg: txgs.iter().copied().max().unwrap_or(0),
         timestamp: now_secs(),
-        interval_ms: u32::try_from(tunables.interval.as_millis()).unwrap_or(u32::MAX),
+        ..Heartbeat::claim(config, host, session, tunables.interval)
     };
     let mut claimed = false;
     for dev in devs {
@@ -319,17 +333,7 @@ pub struct HeartbeatWriter {
 impl HeartbeatWriter {
     pub fn new(config: &PoolConfig, host: &HostIdentity, session: u64, interval: Duration) -> Self {
         Self {
-            record: Heartbeat {
-                pool_guid: config.guid,
-                hostname: host.hostname.clone(),
-                hostid: host.hostid,
-                instance: host.instance,
-                session,
-                seq: 0,
-                txg: 0,
-                timestamp: 0,
-                interval_ms: u32::try_from(interval.as_millis()).unwrap_or(u32::MAX),
-            },
+            record: Heartbeat::claim(config, host, session, interval),
             next: 0,
             last_written: Instant::now(),
         }
