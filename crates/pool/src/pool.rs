@@ -170,6 +170,10 @@ pub struct PoolStatus {
     pub sections: Vec<(String, Vec<VdevStatus>)>,
     pub space: PoolSpace,
     pub healed_blocks: u64,
+    /// Gang blocks freed since import whose header no copy of could be read: their pieces
+    /// stay allocated (leaked, as ZFS leaks them) rather than fail the txg.
+    #[serde(default)]
+    pub leaked_gang_blocks: u64,
     pub suspended: Option<String>,
 }
 
@@ -2788,6 +2792,7 @@ impl Pool {
             sections,
             space: self.space(),
             healed_blocks: rs.healed_copies + rs.healed_in_vdev,
+            leaked_gang_blocks: rs.leaked_gangs,
             suspended,
         }
     }

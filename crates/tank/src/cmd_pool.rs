@@ -236,6 +236,9 @@ pub struct StatusArgs {
     /// Verbose: also per-device I/O counts.
     #[arg(short = 'v')]
     verbose: bool,
+    /// Also each device's slow I/Os (reads and writes over the slow I/O threshold, 3 s)
+    #[arg(short = 's')]
+    slow: bool,
     #[arg(long)]
     json: bool,
     name: Option<String>,
@@ -615,7 +618,7 @@ fn list(c: &Client, a: ListArgs) -> Result<()> {
     Ok(())
 }
 
-fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool) {
+fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool, slow: bool) {
     let mut row = vec![
         format!("{}{}", "  ".repeat(depth), v.name),
         v.state.clone(),
@@ -623,6 +626,14 @@ fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool) {
         v.write_errors.to_string(),
         v.cksum_errors.to_string(),
     ];
+    if slow {
+        // Counted per device, as zpool status -s shows them ("-" on the vdevs above).
+        row.push(if v.path.is_some() {
+            v.stats.slow_ios.to_string()
+        } else {
+            "-".into()
+        });
+    }
     if verbose {
         row.push(if v.path.is_some() {
             format!(
@@ -639,7 +650,7 @@ fn status_tree(t: &mut Table, v: &VdevStatus, depth: usize, verbose: bool) {
     row.push(v.note.clone().unwrap_or_default());
     t.add_row(row);
     for c in &v.children {
-        status_tree(t, c, depth + 1, verbose);
+        status_tree(t, c, depth + 1, verbose, slow);
     }
 }
 
@@ -750,7 +761,7 @@ fn report_scan_lines(r: &PoolReport) -> Vec<String> {
     lines
 }
 
-pub fn print_status(r: &PoolReport, verbose: bool) {
+pub fn print_status(r: &PoolReport, verbose: bool, slow: bool) {
     let st: &PoolStatus = &r.status;
     outln!("  pool: {}", st.name);
     outln!(" state: {}", st.state);
@@ -771,13 +782,16 @@ pub fn print_status(r: &PoolReport, verbose: bool) {
     let mut t = Table::new();
     t.load_style(presets::NOTHING);
     let mut header = vec!["NAME", "STATE", "READ", "WRITE", "CKSUM"];
+    if slow {
+        header.push("SLOW");
+    }
     if verbose {
         header.push("I/O");
     }
     header.push("");
     t.set_header(header);
     for v in &st.config {
-        status_tree(&mut t, v, 0, verbose);
+        status_tree(&mut t, v, 0, verbose, slow);
     }
     for (section, vdevs) in &st.sections {
         let mut row = vec![
@@ -787,13 +801,16 @@ pub fn print_status(r: &PoolReport, verbose: bool) {
             String::new(),
             String::new(),
         ];
+        if slow {
+            row.push(String::new());
+        }
         if verbose {
             row.push(String::new());
         }
         row.push(String::new());
         t.add_row(row);
         for v in vdevs {
-            status_tree(&mut t, v, 1, verbose);
+            status_tree(&mut t, v, 1, verbose, slow);
         }
     }
     outln!("{t}\n");
@@ -818,6 +835,12 @@ pub fn print_status(r: &PoolReport, verbose: bool) {
         outln!(
             "healed: {} block(s) repaired from redundancy since import",
             st.healed_blocks
+        );
+    }
+    if st.leaked_gang_blocks > 0 {
+        outln!(
+            "leaked: {} gang block(s) freed since import without a readable header: their pieces stay allocated",
+            st.leaked_gang_blocks
         );
     }
     if r.errors.is_empty() {
@@ -977,7 +1000,7 @@ fn status(c: &Client, a: StatusArgs) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         for r in &all {
-            print_status(r, a.verbose);
+            print_status(r, a.verbose, a.slow);
         }
     }
     Ok(())

@@ -198,7 +198,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .log_history("tank demo (wrote, verified and removed a test dataset)");
     opened.store.sync()?;
     outln!("removed the test dataset {scratch}\n");
-    crate::cmd_pool::print_status(&svc.report(&opened), false);
+    crate::cmd_pool::print_status(&svc.report(&opened), false, false);
     drop(opened);
     client.close()?;
     outln!("\nnext: 'tank pool status', 'tank pool history', 'tank debug object write tank FILE'");

@@ -27,6 +27,22 @@ fn pool_lifecycle_and_objects() {
     }
     let out = env.ok(&["pool", "list", "-H", "-o", "name,health"]);
     assert_eq!(out.trim(), "tank\tONLINE");
+    // -s: each device's slow I/Os (none here); "-" on the vdevs above the devices.
+    let out = env.ok(&["pool", "status", "-s", "tank"]);
+    let d0 = out
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.ends_with("d0"))
+        })
+        .unwrap_or("");
+    assert!(
+        out.contains("SLOW") && d0.split_whitespace().nth(5) == Some("0"),
+        "{out}"
+    );
+    let top = out.lines().find(|l| l.contains("raidz2-0")).unwrap_or("");
+    assert_eq!(top.split_whitespace().nth(5), Some("-"), "{out}");
 
     // A file through the engine and back, byte for byte.
     let payload: Vec<u8> = (0..3_000_000u32)
