@@ -19,7 +19,8 @@ use crate::api::{
 };
 use crate::error::ServiceError;
 use crate::pools::{
-    cache_entry, host_identity, open_datasets, open_for_create, scan_dirs, Opened, PoolCache,
+    cache_entry, host_identity, member_of, open_datasets, open_for_create, scan_dirs, Opened,
+    PoolCache,
 };
 use crate::service::{Ctx, Res, Service};
 
@@ -588,7 +589,27 @@ impl Service {
                 "cannot import '{name}': a pool with that name is already imported"
             )));
         }
-        let (devs, busy) = scan_dirs(&dirs, true)?;
+        // A member held by another process: that process has the pool, or is importing it
+        // right now. Importing the members that are free would make a second, degraded copy
+        // of the pool, so nothing is imported. Two imports racing may each hold some
+        // members: both let go and try again after a random pause, until one has them all
+        // (the other then finds the pool imported) or 3 s have passed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let (devs, busy) = loop {
+            let (devs, busy) = scan_dirs(&dirs, true)?;
+            let Some(path) = busy.iter().find(|p| member_of(p, &name)).cloned() else {
+                break (devs, busy);
+            };
+            drop(devs);
+            if std::time::Instant::now() > deadline {
+                return Err(ServiceError::Busy(format!(
+                    "cannot import '{name}': device {path} is in use by another process, which has imported the pool or is importing it"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(
+                rand::random::<u64>() % 150 + 50,
+            ));
+        };
         let pool = Pool::import(
             &devs,
             &ImportOptions {

@@ -216,6 +216,19 @@ pub fn scan_dirs(dirs: &[PathBuf], lock: bool) -> Result<(Vec<DeviceRef>, Vec<St
     Ok((out, busy))
 }
 
+/// Whether the device at `path` carries a label of pool `name` (by name or numeric guid),
+/// read without taking its lock (another process holds it).
+pub fn member_of(path: &str, name: &str) -> bool {
+    let opts = FileDeviceOptions {
+        read_only: true,
+        ..FileDeviceOptions::default()
+    };
+    FileDevice::open(Path::new(path), &opts)
+        .ok()
+        .and_then(|d| tank_pool::label::best_label(&d))
+        .is_some_and(|l| l.config.name == name || l.config.guid.to_string() == name)
+}
+
 /// Opens the devices named in a create spec (absolute paths), creating sparse files when
 /// `size` is given.
 pub fn open_for_create(paths: &[String], size: Option<u64>) -> Result<HashMap<String, DeviceRef>> {

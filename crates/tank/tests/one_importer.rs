@@ -83,12 +83,12 @@ fn two_data_directories_racing_to_import_one_pool() {
         assert!(!why.contains("panicked"), "{why}");
         let (w, l) = (["a", "b"][winner], ["a", "b"][loser]);
         let list = |data: &str| {
-            String::from_utf8_lossy(
-                &in_data(&env, data, &["pool", "list", "-H", "-o", "name"]).stdout,
-            )
-            .into_owned()
+            let out = in_data(&env, data, &["pool", "list", "-H", "-o", "name,health"]);
+            String::from_utf8_lossy(&out.stdout).into_owned()
         };
-        assert!(list(w).contains("sh"), "round {round}");
+        // The winner has the whole pool: never a degraded copy made of the members the
+        // other process left free.
+        assert_eq!(list(w).trim(), "sh\tONLINE", "round {round}");
         assert!(!list(l).contains("sh"), "round {round}");
         eprintln!(
             "round {round}: '{w}' imported the pool; '{l}' was told: {}",
