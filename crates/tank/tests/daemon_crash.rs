@@ -10,9 +10,14 @@
 //! and an fsync of the directory, a snapshot once the command returned. What was in flight
 //! may be old or new, byte by byte, but never anything else: no byte nobody wrote, no file
 //! under both names or under neither. Then the pool is ONLINE, a scrub finds nothing, and
-//! the filesystem takes writes.
+//! the filesystem takes writes. Last, with the daemon stopped, the pool is checked from its
+//! devices as a checker would: fsck of the filesystem and of every snapshot, the dataset
+//! accounting recomputed from the trees, and every allocated byte reached exactly once.
 
 mod common;
+/// The dataset layer's test helpers: `fsck` and the accounting checks.
+#[path = "../../dataset/tests/posix_common/mod.rs"]
+mod posix_common;
 
 use common::Env;
 
@@ -406,4 +411,48 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     std::fs::write(mnt(&env).join("after"), b"after the crashes").unwrap();
     fsync_path(&mnt(&env).join("after")).unwrap();
     common::stop(child.as_mut().expect("a running daemon"));
+    check_from_the_devices(&env, &model.lock().unwrap().snapshots);
+}
+
+/// The stopped daemon's pool (it exported it), imported here: fsck of the root filesystem
+/// and of every snapshot, the datasets' space recomputed from their trees, and the pool's
+/// allocated space exactly what its datasets and snapshots reach.
+fn check_from_the_devices(env: &Env, snapshots: &[String]) {
+    use posix_common::dsl::{check_accounting, pool_usage, DsPool};
+    let cache: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.path("data/pools.json")).unwrap()).unwrap();
+    let pool = cache["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "tank")
+        .expect("the default pool in the cache file");
+    let devs: Vec<tank_device::DeviceRef> = pool["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let path = Path::new(d.as_str().unwrap());
+            std::sync::Arc::new(tank_device::FileDevice::open(path, &Default::default()).unwrap())
+                as tank_device::DeviceRef
+        })
+        .collect();
+    let p = DsPool::import(devs).unwrap();
+    let m = p.mount("tank").unwrap();
+    let image = posix_common::fsck_objset(&m.fs, &m.objset, false)
+        .unwrap_or_else(|e| panic!("fsck of the filesystem: {e}"));
+    p.unmount(m);
+    assert!(image.len() > FILES, "fsck found {} inodes", image.len());
+    for name in snapshots {
+        p.snapshot_tree(p.id(name))
+            .unwrap_or_else(|e| panic!("fsck of {name}: {e}"));
+    }
+    check_accounting(&p.dsl, &p.store).unwrap_or_else(|e| panic!("dataset accounting: {e}"));
+    pool_usage(&p.pool, &p.store, &p.dsl).unwrap_or_else(|e| panic!("pool accounting: {e}"));
+    eprintln!(
+        "from the devices: fsck of the filesystem ({} inodes) and {} snapshots, accounting: all hold",
+        image.len(),
+        snapshots.len()
+    );
+    p.export();
 }
