@@ -1,7 +1,7 @@
 //! Crashes near a full pool: a 64 MiB disk filled until writes are refused with ENOSPC,
 //! then a workload of frees, writes refused for want of space, and writes into the space the
 //! frees give back once their deferral window has passed, one txg per round, cut at every
-//! other device write and flush. After each cut the pool imports at a committed txg no
+//! third device write and flush. After each cut the pool imports at a committed txg no
 //! older than the last acknowledged one, with exactly that txg's objects, and still takes
 //! a free and a write. (The deferral window, the slop kept back and the space map log are
 //! what is at stake here: a free reused too early, or a space map that lost an allocation,
@@ -229,12 +229,12 @@ fn a_crash_near_a_full_pool_loses_nothing_committed() {
     assert_eq!(full.models.len(), ROUNDS + 1, "every round committed");
     assert!(full.refused > 0, "no write was refused for want of space");
     assert!(full.written > 0, "no write went into freed space");
-    for k in (0..=full.ops).step_by(2) {
+    for k in (0..=full.ops).step_by(3) {
         check(seed, &image, &start, k);
     }
     eprintln!(
         "checked {} cut points; {} writes refused, {} written",
-        full.ops / 2 + 1,
+        full.ops / 3 + 1,
         full.refused,
         full.written
     );
