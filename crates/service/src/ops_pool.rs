@@ -595,10 +595,10 @@ impl Service {
         // members: both let go and try again after a random pause, until one has them all
         // (the other then finds the pool imported) or 3 s have passed.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-        let (devs, busy) = loop {
+        let devs = loop {
             let (devs, busy) = scan_dirs(&dirs, true)?;
             let Some(path) = busy.iter().find(|p| member_of(p, &name)).cloned() else {
-                break (devs, busy);
+                break devs;
             };
             drop(devs);
             if std::time::Instant::now() > deadline {
@@ -621,17 +621,7 @@ impl Service {
                 ..Default::default()
             },
         )
-        .map_err(|e| {
-            if busy.is_empty() {
-                anyhow::Error::from(e)
-            } else {
-                anyhow::anyhow!(
-                    "{e}; {} device(s) there are in use by another process, which may have imported the pool: {}",
-                    busy.len(),
-                    busy.join(", ")
-                )
-            }
-        })?;
+        .map_err(anyhow::Error::from)?;
         for path in pool.autoreplace(&devs) {
             ctx.note(format!(
                 "note: autoreplace: the blank device at {path} replaced the missing one"
