@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use tank_device::IoBuf;
 use tank_vdev::{IoBatch, TopVdev};
 
 use crate::alloc::{AllocClass, SpaceAllocator};
@@ -367,12 +368,19 @@ impl BlockStore {
         physical: &[u8],
         batch: &Arc<IoBatch>,
     ) -> Result<(), BlockError> {
+        // One aligned copy, padded to the sector, serves every copy on vdevs of that
+        // sector size; the vdev layer below copies nothing.
+        let mut made: Option<Arc<IoBuf>> = None;
         for dva in dvas.iter().filter(|d| !d.is_empty()) {
             let vdev = self.vdev(dva.vdev)?;
             let rounded = vdev.round(physical.len() as u64) as usize;
-            let mut buf = physical.to_vec();
-            buf.resize(rounded, 0);
-            vdev.write(dva.offset, &buf, batch)?;
+            let buf = match &made {
+                Some(b) if b.len() == rounded => b.clone(),
+                _ => made
+                    .insert(Arc::new(IoBuf::copy_padded(physical, rounded)))
+                    .clone(),
+            };
+            vdev.write_buf(dva.offset, &buf, batch)?;
         }
         Ok(())
     }

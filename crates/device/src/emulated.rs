@@ -153,6 +153,13 @@ impl BlockDevice for EmulatedDevice {
         })
     }
 
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
+        let len = bufs.iter().map(|b| b.len() as u64).sum();
+        self.timed(IoKind::Write, offset, len, || {
+            self.inner.write_vectored_at(bufs, offset)
+        })
+    }
+
     fn flush(&self) -> Result<()> {
         self.timed(IoKind::Flush, 0, 0, || {
             if self.forward_flush {

@@ -23,11 +23,13 @@
 
 mod emulated;
 mod file;
+mod iobuf;
 mod mem;
 mod sim;
 
 pub use emulated::{EmulatedDevice, IoKind, NullTiming, TimingModel};
 pub use file::{create_sparse_file, FileDevice, FileDeviceOptions};
+pub use iobuf::{recycle_limit, IoBuf, IoRef, IO_ALIGN};
 pub use mem::MemDevice;
 pub use sim::{CrashMode, FaultConfig, SimDevice, SimFleet, SimStats};
 
@@ -73,6 +75,14 @@ pub trait BlockDevice: Send + Sync + fmt::Debug {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
     /// Writes all of `buf` at `offset`. The data is durable only after a later `flush`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Writes `bufs` one after another from `offset`, as one request where the device can
+    /// (the vdev layer's joined writes). The default joins them into one buffer.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
+        if let [one] = bufs {
+            return self.write_at(one, offset);
+        }
+        self.write_at(&bufs.concat(), offset)
+    }
     /// Makes every write that completed before this call durable.
     fn flush(&self) -> Result<()>;
     /// Size in bytes.

@@ -978,7 +978,11 @@ impl ObjectSet {
             blocks.push((blkid, self.cache.complete(pending, false, policy)?));
         }
         self.prefetch_after(obj, offset, end, last)?;
-        let mut out = vec![0u8; (end - offset) as usize];
+        // Built in block order, so that each byte is written once: holes as zeros, blocks
+        // copied (a stable sort keeps a later entry for the same block winning).
+        blocks.sort_by_key(|(blkid, _)| *blkid);
+        let total = (end - offset) as usize;
+        let mut out = Vec::with_capacity(total);
         for (blkid, block) in blocks {
             let block_start = blkid * bs;
             let from = offset.max(block_start);
@@ -987,9 +991,17 @@ impl ObjectSet {
                 let src = (from - block_start) as usize;
                 let dst = (from - offset) as usize;
                 let n = (to - from) as usize;
-                out[dst..dst + n].copy_from_slice(&block[src..src + n]);
+                if dst >= out.len() {
+                    out.resize(dst, 0);
+                    out.extend_from_slice(&block[src..src + n]);
+                } else {
+                    let overlap = (out.len() - dst).min(n);
+                    out[dst..dst + overlap].copy_from_slice(&block[src..src + overlap]);
+                    out.extend_from_slice(&block[src + overlap..src + n]);
+                }
             }
         }
+        out.resize(total, 0);
         Ok(out)
     }
 

@@ -48,6 +48,8 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
+use tank_device::{IoBuf, IoRef};
+
 use crate::raidz::{RaidzError, RaidzMap};
 
 /// Reed-Solomon parity for RAID-Z maps, with `ReedSolomon` instances cached per
@@ -116,13 +118,32 @@ impl ParityCodec {
             !parity.is_empty(),
             "encode needs at least one parity column"
         );
-        let rs = self
-            .rs(data_cols.len(), parity.len())
-            .unwrap_or_else(|e| panic!("{e}"));
         let len = data_cols.iter().map(|c| c.len()).max().unwrap_or(0);
         for p in parity.iter_mut() {
             p.resize(len, 0);
         }
+        let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+        self.encode_into(data_cols, &mut outputs);
+    }
+
+    /// [`ParityCodec::encode`] into parity buffers the caller sized: each as long as the
+    /// longest data column.
+    ///
+    /// # Panics
+    /// As `encode`, and if a parity buffer has another length.
+    pub fn encode_into(&self, data_cols: &[&[u8]], parity: &mut [&mut [u8]]) {
+        assert!(
+            !data_cols.is_empty() && !parity.is_empty(),
+            "encode needs data and parity columns"
+        );
+        let rs = self
+            .rs(data_cols.len(), parity.len())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let len = data_cols.iter().map(|c| c.len()).max().unwrap_or(0);
+        assert!(
+            parity.iter().all(|p| p.len() == len),
+            "parity columns must be {len} bytes"
+        );
         // Encode segment by segment between the distinct column lengths: inside a
         // segment a column is either fully present or fully padding (a shared zero
         // buffer), so nothing is copied.  A RAID-Z map has at most two segments.
@@ -261,6 +282,28 @@ pub fn encode_map(codec: &ParityCodec, map: &RaidzMap, data: &[u8]) -> Vec<Vec<u
     codec.encode(&data_cols, &mut cols);
     debug_assert!(cols.iter().all(|c| c.len() as u64 == map.parity_size()));
     cols.extend(data_cols.iter().map(|c| c.to_vec()));
+    cols
+}
+
+/// [`encode_map`] for a write: the data columns are ranges of `data` (no copy), the parity
+/// columns aligned buffers of their own.
+///
+/// # Panics
+/// If `data.len()` differs from the map's psize.
+pub fn encode_map_shared(codec: &ParityCodec, map: &RaidzMap, data: &Arc<IoBuf>) -> Vec<IoRef> {
+    let data_cols = map.split(data);
+    let psize = map.parity_size() as usize;
+    let mut parity: Vec<IoBuf> = (0..map.parity).map(|_| IoBuf::zeroed(psize)).collect();
+    {
+        let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+        codec.encode_into(&data_cols, &mut outputs);
+    }
+    let mut cols: Vec<IoRef> = parity.into_iter().map(IoRef::whole).collect();
+    let mut start = 0;
+    for c in &data_cols {
+        cols.push(IoRef::range(data, start..start + c.len()));
+        start += c.len();
+    }
     cols
 }
 

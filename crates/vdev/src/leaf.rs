@@ -46,7 +46,7 @@ use std::thread;
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
-use tank_device::{DeviceError, DeviceRef};
+use tank_device::{DeviceError, DeviceRef, IoRef};
 
 /// Size of one label.
 pub const LABEL_SIZE: u64 = 256 << 10;
@@ -255,7 +255,7 @@ impl IoBatch {
 enum Request {
     Write {
         offset: u64,
-        data: Arc<Vec<u8>>,
+        data: IoRef,
         batch: Arc<IoBatch>,
     },
     Flush {
@@ -558,7 +558,7 @@ impl Leaf {
 
     /// Queues a write of `data` at data-area offset `offset`. A leaf that cannot take I/O
     /// reports an error into the batch at once.
-    pub fn write(self: &Arc<Self>, offset: u64, data: Arc<Vec<u8>>, batch: &Arc<IoBatch>) {
+    pub fn write(self: &Arc<Self>, offset: u64, data: IoRef, batch: &Arc<IoBatch>) {
         batch.start();
         match self.queue() {
             Some(q) => {
@@ -966,7 +966,7 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                 total += len;
                 end += 1;
             }
-            let run: Vec<(u64, Arc<Vec<u8>>, Arc<IoBatch>)> = order[k..end]
+            let run: Vec<(u64, IoRef, Arc<IoBatch>)> = order[k..end]
                 .iter()
                 .map(|&i| match segment[i].take() {
                     Some(Request::Write {
@@ -980,15 +980,13 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
             k = end;
             let offset = run[0].0;
             if run.len() > 1 {
-                let mut joined = Vec::with_capacity(total as usize);
-                for (_, d, _) in &run {
-                    joined.extend_from_slice(d);
-                }
+                // Handed down as a list of buffers (pwritev), not copied together.
+                let bufs: Vec<&[u8]> = run.iter().map(|(_, d, _)| &d[..]).collect();
                 let started = std::time::Instant::now();
-                if dev.write_at(&joined, offset).is_ok() {
+                if dev.write_vectored_at(&bufs, offset).is_ok() {
                     let took = started.elapsed();
                     leaf.stats.write_latency.record(took);
-                    leaf.note_latency("write", offset, joined.len(), took);
+                    leaf.note_latency("write", offset, total as usize, took);
                     leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
                     leaf.stats.write_bytes.fetch_add(total, Ordering::Relaxed);
                     head = offset + total;

@@ -28,9 +28,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::codec::{encode_map, reconstruct_verified, ParityCodec};
+use crate::codec::{encode_map, encode_map_shared, reconstruct_verified, ParityCodec};
 use crate::leaf::{IoBatch, IoClass, Leaf, VdevState};
 use crate::raidz::RaidzGeometry;
+use tank_device::{IoBuf, IoRef};
 
 #[derive(Debug, Clone)]
 pub enum Layout {
@@ -89,7 +90,7 @@ pub struct Fix {
     pub leaf: usize,
     /// Offset in the leaf's data area.
     pub offset: u64,
-    pub data: Arc<Vec<u8>>,
+    pub data: IoRef,
     /// The device returned wrong bytes (a CKSUM error), rather than an error or nothing.
     pub cksum: bool,
 }
@@ -275,22 +276,35 @@ impl TopVdev {
         Ok(())
     }
 
-    /// Queues the write of a block (`data.len()` a whole number of sectors) at `offset`.
+    /// Queues the write of a block (`data.len()` a whole number of sectors) at `offset`,
+    /// from an aligned copy of `data` (see [`TopVdev::write_buf`]).
     pub fn write(&self, offset: u64, data: &[u8], batch: &Arc<IoBatch>) -> Result<(), VdevError> {
+        self.write_buf(offset, &Arc::new(IoBuf::copy_of(data)), batch)
+    }
+
+    /// Queues the write of a block (`data.len()` a whole number of sectors) at `offset`.
+    /// Nothing copies the block's bytes: a mirror's sides share `data`, and a RAID-Z map's
+    /// data columns are ranges of it beside parity columns of their own.
+    pub fn write_buf(
+        &self,
+        offset: u64,
+        data: &Arc<IoBuf>,
+        batch: &Arc<IoBatch>,
+    ) -> Result<(), VdevError> {
         debug_assert_eq!(data.len() as u64 % self.sector(), 0);
         self.check_range(offset, self.asize(data.len() as u64))?;
         match &self.layout {
             Layout::Disk | Layout::Mirror => {
-                let shared = Arc::new(data.to_vec());
+                let whole = IoRef::range(data, 0..data.len());
                 for leaf in &self.leaves {
-                    leaf.write(offset, shared.clone(), batch);
+                    leaf.write(offset, whole.clone(), batch);
                 }
             }
             Layout::Raidz(g) => {
                 let map = g.map(offset, data.len() as u64);
-                let cols = encode_map(&self.codec, &map, data);
+                let cols = encode_map_shared(&self.codec, &map, data);
                 for (col, buf) in map.cols.iter().zip(cols) {
-                    self.leaves[col.child].write(col.offset, Arc::new(buf), batch);
+                    self.leaves[col.child].write(col.offset, buf, batch);
                 }
             }
         }
@@ -348,7 +362,7 @@ impl TopVdev {
             }
             return Err(self.unrecoverable(offset, len));
         };
-        let shared = Arc::new(buf.clone());
+        let shared = IoRef::copy_of(&buf);
         let fixes: Vec<Fix> = fixes
             .into_iter()
             .map(|(leaf, cksum)| Fix {
@@ -509,14 +523,14 @@ impl TopVdev {
             .map_err(|_| self.unrecoverable(offset, len))?;
         let mut fixes = Vec::new();
         if !rec.bad_cols.is_empty() {
-            let mut good_cols = encode_map(&self.codec, map, &rec.data);
+            let good_cols = encode_map(&self.codec, map, &rec.data);
             for &i in &rec.bad_cols {
                 let col = &map.cols[i];
                 if self.leaves[col.child].is_usable() {
                     fixes.push(Fix {
                         leaf: col.child,
                         offset: col.offset,
-                        data: Arc::new(std::mem::take(&mut good_cols[i])),
+                        data: IoRef::copy_of(&good_cols[i]),
                         cksum: !missing[i],
                     });
                 }
@@ -566,7 +580,7 @@ impl TopVdev {
                     }
                 }
                 let data = good.ok_or_else(|| self.unrecoverable(offset, len))?;
-                let shared = Arc::new(data.clone());
+                let shared = IoRef::copy_of(&data);
                 Ok(ScrubRead {
                     data,
                     read_bytes,
