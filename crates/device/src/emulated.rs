@@ -146,6 +146,12 @@ impl BlockDevice for EmulatedDevice {
         })
     }
 
+    fn read_vec(&self, len: usize, offset: u64) -> Result<Vec<u8>> {
+        self.timed(IoKind::Read, offset, len as u64, || {
+            self.inner.read_vec(len, offset)
+        })
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         self.timed(IoKind::Write, offset, len, || {

@@ -73,6 +73,14 @@ pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
 pub trait BlockDevice: Send + Sync + fmt::Debug {
     /// Reads exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Reads exactly `len` bytes at `offset` into a new buffer. The default fills a `Vec`
+    /// with zeros and reads into it; a device that can read into memory not yet written
+    /// skips the fill (a memset of every byte read).
+    fn read_vec(&self, len: usize, offset: u64) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read_at(&mut buf, offset)?;
+        Ok(buf)
+    }
     /// Writes all of `buf` at `offset`. The data is durable only after a later `flush`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
     /// Writes `bufs` one after another from `offset`, as one request where the device can

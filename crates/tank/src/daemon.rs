@@ -8,7 +8,7 @@
 //! jobs, imports every pool of the cache file through it (finishing the set-up of a default
 //! pool an older build left without a mountpoint), mounts every filesystem with a
 //! mountpoint (and says why a pool's root is not mounted), and listens on
-//! `DATA_DIR/tank.sock`. With `--fuse-io-uring` it first turns the kernel's FUSE over
+//! `DATA_DIR/tank.sock`. Unless `--no-fuse-io-uring`, it first turns the kernel's FUSE over
 //! io_uring on, so its mounts take requests from per-CPU rings.
 //!
 //! **The local API** is the service's typed API (`tank_service::api`): one JSON envelope
@@ -63,10 +63,14 @@ use tank_service::pools::{CachedPool, PoolCache};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Turn on the kernel's FUSE over io_uring (Linux 6.14+) before mounting, so that each
-    /// request is served on its caller's CPU (docs/FUSE-IO-URING.md). A kernel setting: it
-    /// applies to every FUSE mount made afterwards that asks for it
+    /// Leave the kernel's FUSE over io_uring setting as it is. By default the daemon turns it
+    /// on where the kernel has it (Linux 6.14+, as root), so that each request of its mounts
+    /// is served on its caller's CPU (docs/FUSE-IO-URING.md). A kernel setting: it applies to
+    /// every FUSE mount made afterwards that asks for it
     #[arg(long)]
+    pub no_fuse_io_uring: bool,
+    /// Turn the kernel's FUSE over io_uring on (the default; kept for scripts that name it)
+    #[arg(long, hide = true, conflicts_with = "no_fuse_io_uring")]
     pub fuse_io_uring: bool,
     /// Serve the HTTPS API (REST, OpenAPI at /api/openapi.json, metrics at /metrics) on
     /// ADDR:PORT
@@ -365,12 +369,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
             dir.join("devices").display()
         );
     }
-    if a.fuse_io_uring {
+    // The fast path is the default: FUSE over io_uring where the kernel has it.
+    if tank_fuse::io_uring_offered() {
+        say!("FUSE over io_uring: on (mounts serve each request on its caller's CPU)");
+    } else if a.no_fuse_io_uring {
+        say!("FUSE over io_uring: off (--no-fuse-io-uring); mounts use /dev/fuse");
+    } else {
         match tank_fuse::enable_kernel_io_uring() {
             Ok(()) => {
                 say!("FUSE over io_uring: on (mounts serve each request on its caller's CPU)")
             }
-            Err(e) => say_err!("warning: FUSE over io_uring stays off: {e}"),
+            Err(e) => say_err!("warning: FUSE over io_uring is off, mounts use /dev/fuse: {e}"),
         }
     }
     let svc = Arc::new(Service::new(&dir, Mode::Daemon));

@@ -839,15 +839,14 @@ fn do_read(dev: &DeviceRef, leaf: &Leaf, (offset, len, reply): ReadReq) {
         let _ = reply.send(Err(leaf.unavailable()));
         return;
     }
-    let mut buf = vec![0u8; len];
     let started = std::time::Instant::now();
-    let r = dev.read_at(&mut buf, offset);
+    let r = dev.read_vec(len, offset);
     let took = started.elapsed();
     leaf.stats.read_latency.record(took);
     leaf.note_latency("read", offset, len, took);
     leaf.stats.read_ops.fetch_add(1, Ordering::Relaxed);
     let r = match r {
-        Ok(()) => {
+        Ok(buf) => {
             leaf.stats
                 .read_bytes
                 .fetch_add(len as u64, Ordering::Relaxed);
