@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use tank_device::IoBuf;
+use tank_device::{IoBuf, IoRef};
 use tank_vdev::{IoBatch, TopVdev};
 
 use crate::alloc::{AllocClass, SpaceAllocator};
@@ -213,6 +213,32 @@ impl BlockStore {
         fill: u64,
         batch: &Arc<IoBatch>,
     ) -> Result<BlockPtr, BlockError> {
+        self.write_inner(data, None, props, txg, fill, batch)
+    }
+
+    /// [`BlockStore::write`] of bytes the caller shares and never changes again (an object's
+    /// dirty block): when they are stored as they are (not compressed, a whole number of
+    /// sectors, aligned in memory) the devices write them without a copy.
+    pub fn write_shared(
+        &self,
+        data: &Arc<Vec<u8>>,
+        props: &WriteProps,
+        txg: u64,
+        fill: u64,
+        batch: &Arc<IoBatch>,
+    ) -> Result<BlockPtr, BlockError> {
+        self.write_inner(data, Some(data), props, txg, fill, batch)
+    }
+
+    fn write_inner(
+        &self,
+        data: &[u8],
+        shared: Option<&Arc<Vec<u8>>>,
+        props: &WriteProps,
+        txg: u64,
+        fill: u64,
+        batch: &Arc<IoBatch>,
+    ) -> Result<BlockPtr, BlockError> {
         assert!(!data.is_empty(), "empty blocks are holes, not written");
         if data.len() > crate::MAX_BLOCK_BYTES {
             return Err(BlockError::InvalidProperty(format!(
@@ -222,11 +248,11 @@ impl BlockStore {
             )));
         }
         let compressed = props.compression.compress(data);
-        let (compression, physical): (Compression, &[u8]) = match &compressed {
-            Some(c) => (props.compression, c),
-            None => (Compression::Off, data),
+        let (compression, physical, shared): (Compression, &[u8], _) = match &compressed {
+            Some(c) => (props.compression, c, None),
+            None => (Compression::Off, data, shared),
         };
-        let mut bp = self.write_physical(physical, props, txg, batch)?;
+        let mut bp = self.write_physical(physical, shared, props, txg, batch)?;
         bp.compression = compression;
         bp.lsize = data.len() as u32;
         bp.fill = fill;
@@ -238,6 +264,7 @@ impl BlockStore {
     fn write_physical(
         &self,
         physical: &[u8],
+        shared: Option<&Arc<Vec<u8>>>,
         props: &WriteProps,
         txg: u64,
         batch: &Arc<IoBatch>,
@@ -265,7 +292,7 @@ impl BlockStore {
         match gang {
             Ok(dvas) => {
                 bp.dvas = dvas;
-                self.queue_copies(&dvas, physical, batch)?;
+                self.queue_copies(&dvas, physical, shared, batch)?;
                 Ok(bp)
             }
             Err(BlockError::NoSpace) if physical.len() > GANG_MIN_PIECE => {
@@ -277,7 +304,7 @@ impl BlockStore {
                 };
                 let mut children = Vec::new();
                 for chunk in physical.chunks(piece) {
-                    match self.write_physical(chunk, &child_props, txg, batch) {
+                    match self.write_physical(chunk, None, &child_props, txg, batch) {
                         Ok(c) => children.push(c),
                         Err(e) => {
                             self.undo(&children)?;
@@ -295,7 +322,7 @@ impl BlockStore {
                         bp.dvas = dvas;
                         bp.gang = true;
                         let header = encode_gang(&children, &bp);
-                        self.queue_copies(&dvas, &header, batch)?;
+                        self.queue_copies(&dvas, &header, None, batch)?;
                         self.gang_writes.fetch_add(1, Ordering::Relaxed);
                         Ok(bp)
                     }
@@ -366,18 +393,23 @@ impl BlockStore {
         &self,
         dvas: &[Dva; MAX_DVAS],
         physical: &[u8],
+        shared: Option<&Arc<Vec<u8>>>,
         batch: &Arc<IoBatch>,
     ) -> Result<(), BlockError> {
         // One aligned copy, padded to the sector, serves every copy on vdevs of that
-        // sector size; the vdev layer below copies nothing.
-        let mut made: Option<Arc<IoBuf>> = None;
+        // sector size (or the caller's own bytes, where they need no padding and are
+        // aligned); the vdev layer below copies nothing.
+        let mut made: Option<IoRef> = None;
         for dva in dvas.iter().filter(|d| !d.is_empty()) {
             let vdev = self.vdev(dva.vdev)?;
             let rounded = vdev.round(physical.len() as u64) as usize;
             let buf = match &made {
                 Some(b) if b.len() == rounded => b.clone(),
                 _ => made
-                    .insert(Arc::new(IoBuf::copy_padded(physical, rounded)))
+                    .insert(match shared {
+                        Some(bytes) if bytes.len() == rounded => IoRef::share_or_copy(bytes),
+                        _ => IoRef::whole(IoBuf::copy_padded(physical, rounded)),
+                    })
                     .clone(),
             };
             vdev.write_buf(dva.offset, &buf, batch)?;

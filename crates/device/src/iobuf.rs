@@ -162,6 +162,14 @@ impl IoBuf {
         IoBuf { ptr, len, pages }
     }
 
+    /// An aligned buffer of `len` bytes whose contents are unspecified (zeros, or what a
+    /// recycled buffer held): for a caller that overwrites every byte.
+    pub fn scratch(len: usize) -> IoBuf {
+        let pages = Self::pages(len);
+        let (ptr, _) = Self::allocate(pages, true);
+        IoBuf { ptr, len, pages }
+    }
+
     /// An aligned buffer of `len` bytes: `src` followed by zeros.
     ///
     /// # Panics
@@ -220,10 +228,29 @@ impl std::fmt::Debug for IoBuf {
     }
 }
 
-/// A shared range of an [`IoBuf`]: what a leaf writes. Cloning shares the bytes.
+/// What an [`IoRef`] shares: an aligned buffer of its own, or a caller's immutable bytes
+/// (an object's dirty block, written as it is when it needs no padding and happens to be
+/// aligned).
+#[derive(Clone, Debug)]
+enum Backing {
+    Io(Arc<IoBuf>),
+    Bytes(Arc<Vec<u8>>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Io(b) => b,
+            Backing::Bytes(v) => v,
+        }
+    }
+}
+
+/// A shared range of an aligned buffer (or of bytes the caller shares): what a leaf
+/// writes. Cloning shares the bytes.
 #[derive(Clone, Debug)]
 pub struct IoRef {
-    buf: Arc<IoBuf>,
+    buf: Backing,
     start: usize,
     end: usize,
 }
@@ -233,7 +260,7 @@ impl IoRef {
     pub fn whole(buf: IoBuf) -> IoRef {
         let end = buf.len();
         IoRef {
-            buf: Arc::new(buf),
+            buf: Backing::Io(Arc::new(buf)),
             start: 0,
             end,
         }
@@ -244,15 +271,42 @@ impl IoRef {
     /// # Panics
     /// If `range` is not inside the buffer.
     pub fn range(buf: &Arc<IoBuf>, range: Range<usize>) -> IoRef {
+        IoRef {
+            buf: Backing::Io(buf.clone()),
+            start: 0,
+            end: buf.len(),
+        }
+        .slice(range)
+    }
+
+    /// The whole of `bytes`, shared without a copy when they start on an [`IO_ALIGN`]
+    /// boundary (the kernel takes them for O_DIRECT as they are); otherwise an aligned
+    /// copy.
+    pub fn share_or_copy(bytes: &Arc<Vec<u8>>) -> IoRef {
+        if !bytes.as_ptr().addr().is_multiple_of(IO_ALIGN) {
+            return Self::copy_of(bytes);
+        }
+        IoRef {
+            buf: Backing::Bytes(bytes.clone()),
+            start: 0,
+            end: bytes.len(),
+        }
+    }
+
+    /// `range` of this range.
+    ///
+    /// # Panics
+    /// If `range` is not inside it.
+    pub fn slice(&self, range: Range<usize>) -> IoRef {
+        let len = self.end - self.start;
         assert!(
-            range.start <= range.end && range.end <= buf.len(),
-            "range {range:?} outside a buffer of {} bytes",
-            buf.len()
+            range.start <= range.end && range.end <= len,
+            "range {range:?} outside a buffer of {len} bytes"
         );
         IoRef {
-            buf: buf.clone(),
-            start: range.start,
-            end: range.end,
+            buf: self.buf.clone(),
+            start: self.start + range.start,
+            end: self.start + range.end,
         }
     }
 
@@ -265,7 +319,7 @@ impl IoRef {
 impl Deref for IoRef {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf[self.start..self.end]
+        &self.buf.bytes()[self.start..self.end]
     }
 }
 
@@ -294,6 +348,17 @@ mod tests {
         let mut m = IoBuf::zeroed(8);
         m[3] = 9;
         assert_eq!(IoRef::whole(m)[3], 9);
+        let whole = IoRef::range(&shared, 0..5);
+        assert_eq!(&*whole.slice(1..4).slice(1..3), &[3, 4]);
+        // A caller's bytes: shared when aligned, copied otherwise; the same bytes either way.
+        let bytes = Arc::new((0..10_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+        let r = IoRef::share_or_copy(&bytes);
+        assert_eq!(&*r, &bytes[..]);
+        assert!(r.as_ptr().addr().is_multiple_of(IO_ALIGN));
+        assert_eq!(
+            r.as_ptr() == bytes.as_ptr(),
+            bytes.as_ptr().addr().is_multiple_of(IO_ALIGN)
+        );
     }
 
     #[test]

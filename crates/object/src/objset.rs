@@ -273,6 +273,36 @@ struct SyncStore<'a> {
 }
 
 impl SyncStore<'_> {
+    /// Writes a block, from the caller's shared bytes where it gives them.
+    fn write_either(
+        &self,
+        data: &[u8],
+        shared: Option<&Arc<Vec<u8>>>,
+        kind: WriteKind,
+    ) -> Result<BlockPtr, TreeError> {
+        let props = match kind {
+            WriteKind::Node { level } => WriteProps {
+                kind: BlockKind::TreeNode,
+                level,
+                checksum: self.node_policy.checksum,
+                compression: Compression::Lz4,
+                // Metadata is kept in one more copy than data (ditto blocks).
+                copies: (self.node_policy.copies + 1).min(3),
+                class: AllocClass::Metadata,
+            },
+            WriteKind::Data { tag } => WritePolicy::data_props(tag),
+        };
+        let written = match shared {
+            Some(bytes) => self
+                .blocks
+                .write_shared(bytes, &props, self.txg, 1, self.batch),
+            None => self.blocks.write(data, &props, self.txg, 1, self.batch),
+        };
+        let bp = written.map_err(|e| TreeError::Store(e.to_string()))?;
+        self.report.lock().born.add(Space::of(self.blocks, &bp));
+        Ok(bp)
+    }
+
     fn kill(&self, bp: &BlockPtr) -> Result<(), PoolError> {
         let space = Space::of(self.blocks, bp);
         let mut report = self.report.lock();
@@ -294,24 +324,14 @@ impl NodeStore for SyncStore<'_> {
         read_node(self.cache, bp, self.cache_policy)
     }
     fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError> {
-        let props = match kind {
-            WriteKind::Node { level } => WriteProps {
-                kind: BlockKind::TreeNode,
-                level,
-                checksum: self.node_policy.checksum,
-                compression: Compression::Lz4,
-                // Metadata is kept in one more copy than data (ditto blocks).
-                copies: (self.node_policy.copies + 1).min(3),
-                class: AllocClass::Metadata,
-            },
-            WriteKind::Data { tag } => WritePolicy::data_props(tag),
-        };
-        let bp = self
-            .blocks
-            .write(data, &props, self.txg, 1, self.batch)
-            .map_err(|e| TreeError::Store(e.to_string()))?;
-        self.report.lock().born.add(Space::of(self.blocks, &bp));
-        Ok(bp)
+        self.write_either(data, None, kind)
+    }
+    fn write_block_shared(
+        &self,
+        data: &Arc<Vec<u8>>,
+        kind: WriteKind,
+    ) -> Result<BlockPtr, TreeError> {
+        self.write_either(data, Some(data), kind)
     }
     fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError> {
         self.kill(bp).map_err(|e| TreeError::Store(e.to_string()))

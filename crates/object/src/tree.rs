@@ -135,6 +135,15 @@ pub trait NodeStore: Send + Sync {
     fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError>;
     /// Writes a block during a sync; `kind` tells the store what it is.
     fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError>;
+    /// `write_block` of bytes nothing changes again (a dirty data block), which a store may
+    /// hand to the devices without a copy.
+    fn write_block_shared(
+        &self,
+        data: &Arc<Vec<u8>>,
+        kind: WriteKind,
+    ) -> Result<BlockPtr, TreeError> {
+        self.write_block(data, kind)
+    }
     /// Frees a block during a sync (the store defers reuse).
     fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError>;
     /// A data block the intent log wrote before this sync (see [`BlockRef::write_now`]) is
@@ -371,7 +380,7 @@ impl BlockRef {
         let bytes = data
             .as_ref()
             .ok_or_else(|| TreeError::Corrupt("data block neither written nor in memory".into()))?;
-        let bp = store.write_block(bytes, WriteKind::Data { tag: self.tag })?;
+        let bp = store.write_block_shared(bytes, WriteKind::Data { tag: self.tag })?;
         assert!(self.bp.set(bp).is_ok(), "data block bp set twice");
         // The bytes stay in memory until the write is known to be on the devices: a reader
         // must not go to a device before the queued write has reached it.

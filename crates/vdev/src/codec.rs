@@ -290,10 +290,11 @@ pub fn encode_map(codec: &ParityCodec, map: &RaidzMap, data: &[u8]) -> Vec<Vec<u
 ///
 /// # Panics
 /// If `data.len()` differs from the map's psize.
-pub fn encode_map_shared(codec: &ParityCodec, map: &RaidzMap, data: &Arc<IoBuf>) -> Vec<IoRef> {
+pub fn encode_map_shared(codec: &ParityCodec, map: &RaidzMap, data: &IoRef) -> Vec<IoRef> {
     let data_cols = map.split(data);
     let psize = map.parity_size() as usize;
-    let mut parity: Vec<IoBuf> = (0..map.parity).map(|_| IoBuf::zeroed(psize)).collect();
+    // Every parity byte is written by the encoder, so recycled bytes need no zeroing.
+    let mut parity: Vec<IoBuf> = (0..map.parity).map(|_| IoBuf::scratch(psize)).collect();
     {
         let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
         codec.encode_into(&data_cols, &mut outputs);
@@ -301,7 +302,7 @@ pub fn encode_map_shared(codec: &ParityCodec, map: &RaidzMap, data: &Arc<IoBuf>)
     let mut cols: Vec<IoRef> = parity.into_iter().map(IoRef::whole).collect();
     let mut start = 0;
     for c in &data_cols {
-        cols.push(IoRef::range(data, start..start + c.len()));
+        cols.push(data.slice(start..start + c.len()));
         start += c.len();
     }
     cols
@@ -465,6 +466,30 @@ mod tests {
     #[test]
     fn codec_is_send_sync() {
         assert_send_sync::<ParityCodec>();
+    }
+
+    #[test]
+    fn shared_encoding_overwrites_every_parity_byte_and_shares_the_data() {
+        let codec = ParityCodec::new();
+        for (children, parity, psize) in [(7, 2, 128 * 1024), (5, 1, 9 * 512), (6, 3, 3 * 4096)] {
+            let g = RaidzGeometry::new(children, parity, 9).unwrap();
+            let map = g.map(0, psize);
+            let data: Vec<u8> = (0..psize).map(|i| (i * 7 % 251) as u8).collect();
+            let expected = encode_map(&codec, &map, &data);
+            // Recycled buffers of the parity's size hold garbage before the encoding.
+            let plen = map.parity_size() as usize;
+            let dirty: Vec<IoBuf> = (0..4).map(|_| IoBuf::copy_of(&vec![0xEE; plen])).collect();
+            drop(dirty);
+            let shared = IoRef::copy_of(&data);
+            let cols = encode_map_shared(&codec, &map, &shared);
+            assert_eq!(cols.len(), expected.len());
+            for (got, want) in cols.iter().zip(&expected) {
+                assert_eq!(&got[..], &want[..]);
+            }
+            // Data columns are ranges of the block's own buffer.
+            let first_data = &cols[map.parity];
+            assert_eq!(first_data.as_ptr(), shared.as_ptr());
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use crate::codec::{encode_map, encode_map_shared, reconstruct_verified, ParityCodec};
 use crate::leaf::{IoBatch, IoClass, Leaf, VdevState};
 use crate::raidz::RaidzGeometry;
-use tank_device::{IoBuf, IoRef};
+use tank_device::IoRef;
 
 #[derive(Debug, Clone)]
 pub enum Layout {
@@ -279,7 +279,7 @@ impl TopVdev {
     /// Queues the write of a block (`data.len()` a whole number of sectors) at `offset`,
     /// from an aligned copy of `data` (see [`TopVdev::write_buf`]).
     pub fn write(&self, offset: u64, data: &[u8], batch: &Arc<IoBatch>) -> Result<(), VdevError> {
-        self.write_buf(offset, &Arc::new(IoBuf::copy_of(data)), batch)
+        self.write_buf(offset, &IoRef::copy_of(data), batch)
     }
 
     /// Queues the write of a block (`data.len()` a whole number of sectors) at `offset`.
@@ -288,16 +288,15 @@ impl TopVdev {
     pub fn write_buf(
         &self,
         offset: u64,
-        data: &Arc<IoBuf>,
+        data: &IoRef,
         batch: &Arc<IoBatch>,
     ) -> Result<(), VdevError> {
         debug_assert_eq!(data.len() as u64 % self.sector(), 0);
         self.check_range(offset, self.asize(data.len() as u64))?;
         match &self.layout {
             Layout::Disk | Layout::Mirror => {
-                let whole = IoRef::range(data, 0..data.len());
                 for leaf in &self.leaves {
-                    leaf.write(offset, whole.clone(), batch);
+                    leaf.write(offset, data.clone(), batch);
                 }
             }
             Layout::Raidz(g) => {
