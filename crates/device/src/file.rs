@@ -681,15 +681,21 @@ mod tests {
         assert_eq!(b, [0; 4]);
     }
 
+    /// A new device file "d" of `size` bytes in a new directory, opened direct or buffered.
+    fn device_in_tempdir(direct: bool, size: u64) -> (tempfile::TempDir, FileDevice) {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = FileDeviceOptions {
+            direct,
+            ..opts_create(size)
+        };
+        let dev = FileDevice::open(&dir.path().join("d"), &opts).unwrap();
+        (dir, dev)
+    }
+
     #[test]
     fn reads_into_new_buffers_match_and_refuse_what_read_at_refuses() {
         for direct in [true, false] {
-            let dir = tempfile::tempdir().unwrap();
-            let opts = FileDeviceOptions {
-                direct,
-                ..opts_create(4 << 20)
-            };
-            let dev = FileDevice::open(&dir.path().join("d"), &opts).unwrap();
+            let (dir, dev) = device_in_tempdir(direct, 4 << 20);
             let data = pattern(3 * 4096 + 512, 5);
             dev.write_at(&data, 8192).unwrap();
             assert_eq!(dev.read_vec(data.len(), 8192).unwrap(), data);
@@ -719,12 +725,7 @@ mod tests {
     #[test]
     fn vectored_writes_land_back_to_back() {
         for direct in [true, false] {
-            let dir = tempfile::tempdir().unwrap();
-            let opts = FileDeviceOptions {
-                direct,
-                ..opts_create(8 << 20)
-            };
-            let dev = FileDevice::open(&dir.path().join("d"), &opts).unwrap();
+            let (_dir, dev) = device_in_tempdir(direct, 8 << 20);
             // Aligned pieces (one pwritev), then a list with a piece not aligned in memory
             // and one of 512 bytes (joined, bounced where direct).
             let a = crate::IoBuf::copy_of(&pattern(8192, 1));
