@@ -72,7 +72,7 @@ impl Compression {
         let limit = data.len() - data.len() / 8;
         let out = match self {
             Self::Off => return None,
-            Self::Lz4 => lz4_flex::block::compress(data),
+            Self::Lz4 => return lz4_into_scratch(data, limit),
             Self::Zstd(level) => zstd::bulk::compress(data, i32::from(level)).ok()?,
         };
         (out.len() < limit && !out.is_empty()).then_some(out)
@@ -115,6 +115,33 @@ impl Compression {
         }
         Ok(out)
     }
+}
+
+/// The largest lz4 scratch buffer a thread keeps.
+const LZ4_SCRATCH_MAX: usize = (1 << 20) + (1 << 16);
+
+/// lz4 of `data` into a scratch buffer the thread keeps, copied out only when it saves
+/// enough (shorter than `limit`). Most data that does not compress is never copied, and no
+/// output buffer is allocated and zeroed per block: the scratch is as large as the largest
+/// block this thread has compressed, up to [`LZ4_SCRATCH_MAX`]; larger blocks (records over
+/// 1 MiB, space map blocks) get an output buffer of their own.
+fn lz4_into_scratch(data: &[u8], limit: usize) -> Option<Vec<u8>> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let need = lz4_flex::block::get_maximum_output_size(data.len());
+        if need > LZ4_SCRATCH_MAX {
+            let out = lz4_flex::block::compress(data);
+            return (out.len() < limit && !out.is_empty()).then_some(out);
+        }
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        let n = lz4_flex::block::compress_into(data, &mut scratch[..need]).ok()?;
+        (n < limit && n > 0).then(|| scratch[..n].to_vec())
+    })
 }
 
 #[cfg(test)]
@@ -162,6 +189,25 @@ mod tests {
             .collect();
         assert!(Compression::Lz4.compress(&random).is_none());
         assert!(Compression::Zstd(3).compress(&random).is_none());
+    }
+
+    #[test]
+    fn lz4_through_the_scratch_equals_lz4_alone() {
+        // Sizes up and down, so the scratch holds a longer block's bytes past the end of
+        // a shorter one, and one block over the scratch's limit.
+        for (len, period) in [
+            (131072usize, 10u32),
+            (4096, 7),
+            (1 << 20, 13),
+            (512, 3),
+            (2 << 20, 5),
+            (65536, 11),
+        ] {
+            let data: Vec<u8> = (0..len as u32).map(|i| (i % period) as u8).collect();
+            let z = Compression::Lz4.compress(&data).expect("compresses");
+            assert_eq!(z, lz4_flex::block::compress(&data), "{len} bytes");
+            assert_eq!(Compression::Lz4.decompress(&z, len).unwrap(), data);
+        }
     }
 
     proptest! {
