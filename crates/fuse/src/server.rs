@@ -56,8 +56,18 @@
 //!   drops those bits is done for any caller with write access.
 //! - Snapshots (slots ≠ 0) and the virtual directories refuse every change with EROFS;
 //!   their files are opened with FOPEN_KEEP_CACHE and their directories with
-//!   FOPEN_CACHE_DIR, since they never change. Live files keep close-to-open consistency
-//!   (the page cache is dropped at open).
+//!   FOPEN_CACHE_DIR, since they never change.
+//! - Live files keep their cached pages across opens while nothing has changed their data
+//!   (the kernel's keep-cache): each open compares the file's data version
+//!   (`Fs::data_version`, which every change of its bytes or size through any front end
+//!   moves on) with the version recorded when its pages were last known current
+//!   (`PageStamps`), and keeps them only on a match; otherwise the kernel drops them, as
+//!   close-to-open consistency asks. A write the kernel writes back from its own pages
+//!   (FUSE_WRITE_CACHE) carries the stamp from the version before it to the one after it,
+//!   when nothing else changed the file in between; any other write, a size change and
+//!   `fallocate` forget the stamp, so the next open drops the pages. Changes made past the
+//!   mount (NFS, S3) also drop the kernel's pages as they happen (the mount's invalidator);
+//!   a rollback remounts.
 //! - Direct I/O (the `direct` property, `DirectMode`): a read on a file whose open is direct
 //!   (O_DIRECT under `standard`, every open under `always`) does not keep the data blocks
 //!   it reads whole in the ARC (`ObjectSet::read_direct`). The kernel itself sends O_DIRECT
@@ -95,8 +105,8 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tank_dataset::posix::{
-    Attr, Cred, DirEntry, DirectMode, FileKind, Fs, Ino, RenameFlags, SetAttr, TimeSet, XattrMode,
-    ROOT_INO,
+    Attr, Cred, DataVersions, DirEntry, DirectMode, FileKind, Fs, Ino, RenameFlags, SetAttr,
+    TimeSet, XattrMode, ROOT_INO,
 };
 use tank_dataset::Errno;
 
@@ -185,6 +195,49 @@ pub(crate) struct Server {
     observer: Option<Arc<dyn crate::RequestObserver>>,
     /// Whose writable opens bypass the writeback cache (`file_open`).
     write_through: Option<Arc<tank_service::mounts::WriteThrough>>,
+    /// When live files' cached pages were last known current (module header).
+    page_stamps: PageStamps,
+}
+
+/// Most files whose page stamps are kept; past it they are all forgotten at once (the next
+/// open of each drops its pages, as without a stamp).
+const PAGE_STAMPS_MAX: usize = 1 << 18;
+
+/// The data version (`Fs::data_version`) of each live file as the kernel's cached pages of
+/// it hold it, by node id.
+#[derive(Default)]
+struct PageStamps(parking_lot::Mutex<std::collections::HashMap<u64, u64>>);
+
+impl PageStamps {
+    /// At an open: whether the pages cached of the file are still current (its data
+    /// version is the one recorded). Records the version it has now, either way.
+    fn still_current(&self, nodeid: u64, fs: &Fs, ino: Ino) -> bool {
+        let now = fs.data_version(ino);
+        let mut stamps = self.0.lock();
+        if stamps.len() >= PAGE_STAMPS_MAX && !stamps.contains_key(&nodeid) {
+            stamps.clear();
+        }
+        stamps.insert(nodeid, now) == Some(now)
+    }
+
+    /// The kernel wrote its own pages back, taking the file from version `before` to
+    /// `after`: if the pages held `before`, they hold `after` now. Otherwise something
+    /// else changed the file in between, and the stamp is forgotten.
+    fn renew(&self, nodeid: u64, versions: DataVersions) {
+        let mut stamps = self.0.lock();
+        match stamps.get_mut(&nodeid) {
+            Some(v) if *v == versions.before => *v = versions.after,
+            Some(_) => {
+                stamps.remove(&nodeid);
+            }
+            None => {}
+        }
+    }
+
+    /// The file changed past the kernel's pages: the next open drops them.
+    fn forget(&self, nodeid: u64) {
+        self.0.lock().remove(&nodeid);
+    }
 }
 
 /// Tells the observer how long a request's handler took, when it returns.
@@ -226,6 +279,7 @@ impl Server {
             started: SystemTime::now(),
             observer: opts.observer.clone(),
             write_through: opts.write_through.clone(),
+            page_stamps: PageStamps::default(),
         }
     }
 
@@ -482,6 +536,11 @@ impl Server {
             }
             Err(e) => return Err(e),
         };
+        if size.is_some() {
+            // A change of the data: the next open drops the pages (a change of times or
+            // owner leaves the data version as it was).
+            self.page_stamps.forget(nodeid.0);
+        }
         Ok(file_attr(&attr, nodeid.0))
     }
 
@@ -542,7 +601,8 @@ impl Server {
     fn file_open(
         &self,
         req: &Request,
-        slot: u16,
+        nodeid: u64,
+        (slot, ino): (u16, Ino),
         fs: &Fs,
         open_flags: i32,
     ) -> (FileHandle, FopenFlags) {
@@ -561,7 +621,11 @@ impl Server {
             let flags = FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
             (fh, flags)
         } else {
-            (fh, self.open_flags(slot, false))
+            let mut flags = self.open_flags(slot, false);
+            if slot == LIVE_SLOT && self.page_stamps.still_current(nodeid, fs, ino) {
+                flags |= FopenFlags::FOPEN_KEEP_CACHE;
+            }
+            (fh, flags)
         }
     }
 
@@ -610,7 +674,7 @@ impl Server {
                 Ok(if dir {
                     (FileHandle(0), self.open_flags(slot, dir))
                 } else {
-                    self.file_open(req, slot, &fs, flags)
+                    self.file_open(req, nodeid.0, (slot, ino), &fs, flags)
                 })
             }
         }
@@ -641,7 +705,14 @@ impl Server {
             self.cred(req)
         };
         let append = !self.writeback && !cached && flags.0 & libc::O_APPEND != 0;
-        let written = fs.write(&cred, ino, offset, data, append)?;
+        let written = fs.write_versioned(&cred, ino, offset, data, append);
+        match &written {
+            // Written back from the kernel's pages: they hold what the file now holds.
+            Ok((_, versions)) if cached => self.page_stamps.renew(nodeid.0, *versions),
+            // Past the pages (or failed, when pages may hold what the file does not).
+            _ => self.page_stamps.forget(nodeid.0),
+        }
+        let (written, _) = written?;
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             // The data is written; failing to clear the bits now would misreport it.
             let _ = Self::kill_suidgid(&fs, ino);
@@ -1409,7 +1480,13 @@ impl Filesystem for Server {
         let _timed = self.timed("create");
         match self.do_create(req, parent, name, mode, umask, flags) {
             Ok(e) => {
-                let (fh, fopen) = self.file_open(req, LIVE_SLOT, self.slots.live(), flags);
+                let nodeid = e.attr.ino.0;
+                let ino = match Node::decode(nodeid) {
+                    Some(Node::Fs { ino, .. }) => ino,
+                    _ => 0,
+                };
+                let live = self.slots.live();
+                let (fh, fopen) = self.file_open(req, nodeid, (LIVE_SLOT, ino), live, flags);
                 // fuser has one TTL for both the name and the attributes here.
                 reply.created(
                     &e.entry_ttl.min(e.attr_ttl),
@@ -1434,6 +1511,7 @@ impl Filesystem for Server {
         reply: ReplyEmpty,
     ) {
         let _timed = self.timed("fallocate");
+        self.page_stamps.forget(ino.0);
         let r = self
             .writable(ino)
             .and_then(|(fs, ino)| fs.fallocate(&self.cred(req), ino, offset, length, mode));

@@ -433,3 +433,81 @@ fn snapshot_is_closed_when_the_kernel_forgets_it() {
         "the snapshot stayed open after the kernel forgot it"
     );
 }
+
+/// Counts the read requests that reach the server.
+#[derive(Debug, Default)]
+struct ReadCounter(std::sync::atomic::AtomicU64);
+
+impl tank_fuse::RequestObserver for ReadCounter {
+    fn observe(&self, op: &'static str, _took: Duration, _failed: bool) {
+        if op == "read" {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl ReadCounter {
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn a_live_files_pages_stay_cached_across_opens_until_it_changes() {
+    require_fuse!();
+    // Nothing may drop the kernel's caches while this test counts.
+    let _caches = kernel_caches();
+    let reads = Arc::new(ReadCounter::default());
+    let mut opts = MountOptions::new("fusetest/fs");
+    opts.observer = Some(reads.clone());
+    let m = Setup {
+        opts,
+        ..Setup::default()
+    }
+    .mount();
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
+    fs::write(m.p("f"), &data).unwrap();
+    assert!(fs::read(m.p("f")).unwrap() == data, "bytes differ");
+
+    // Opened again and again, unchanged: read from the kernel's pages.
+    let before = reads.get();
+    for _ in 0..3 {
+        assert!(fs::read(m.p("f")).unwrap() == data, "bytes differ");
+    }
+    assert_eq!(
+        reads.get(),
+        before,
+        "an unchanged file was read from the server again"
+    );
+
+    // Changed past the mount, with nobody telling the kernel: the next open drops the
+    // pages and reads the new bytes.
+    let ino =
+        m.fs.lookup(&Cred::root(), ROOT_INO, std::ffi::OsStr::new("f"))
+            .unwrap()
+            .ino;
+    m.fs.write(&Cred::root(), ino, 4096, b"changed past the mount", false)
+        .unwrap();
+    let mut want = data.clone();
+    want[4096..4096 + 22].copy_from_slice(b"changed past the mount");
+    assert!(fs::read(m.p("f")).unwrap() == want, "bytes differ");
+    assert!(reads.get() > before, "the changed file was not read again");
+
+    // Changed through the mount (its pages change with it): seen at once, and kept.
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        f.seek(SeekFrom::Start(100)).unwrap();
+        f.write_all(b"through the mount").unwrap();
+        f.sync_all().unwrap();
+    }
+    want[100..117].copy_from_slice(b"through the mount");
+    assert!(fs::read(m.p("f")).unwrap() == want, "bytes differ");
+    let settled = reads.get();
+    assert!(fs::read(m.p("f")).unwrap() == want, "bytes differ");
+    assert_eq!(
+        reads.get(),
+        settled,
+        "pages written through the mount were dropped"
+    );
+}

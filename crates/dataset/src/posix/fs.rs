@@ -72,6 +72,13 @@ const RELATIME_SECS: i64 = 24 * 60 * 60;
 const STATFS_BSIZE: u32 = 4096;
 
 /// One mounted filesystem: an object set seen as directories and files.
+/// A file's data version before and after a change (see `inode.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataVersions {
+    pub before: u64,
+    pub after: u64,
+}
+
 pub struct Fs {
     pub(super) store: Arc<ObjectStore>,
     pub(super) objset: Arc<ObjectSet>,
@@ -432,7 +439,7 @@ impl Fs {
     /// together. An entry whose inode is gone or linked again is just removed.
     pub(super) fn reclaim(&self, ino: Ino) -> Result<()> {
         let node = self.node(ino);
-        let _data = node.data.write();
+        let _data = node.change_data();
         let mut slot = node.meta.lock();
         let exists = match self.load(ino, &mut slot) {
             Ok(()) => true,
@@ -708,9 +715,29 @@ impl Fs {
         data: &[u8],
         append: bool,
     ) -> Result<u32> {
-        let n = self.write_impl(cred, ino, offset, data, append)?;
+        Ok(self.write_versioned(cred, ino, offset, data, append)?.0)
+    }
+
+    /// [`Fs::write`], also telling the file's data version before and after it (see
+    /// `inode.rs`): a cache of the data as of `before` is current as of `after` once the
+    /// same bytes are written to it.
+    pub fn write_versioned(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        append: bool,
+    ) -> Result<(u32, DataVersions)> {
+        let r = self.write_impl(cred, ino, offset, data, append)?;
         self.done()?;
-        Ok(n)
+        Ok(r)
+    }
+
+    /// The version of a file's data now (see `inode.rs`): it changes with every change of
+    /// the file's bytes or size, through any front end.
+    pub fn data_version(&self, ino: Ino) -> u64 {
+        self.node(ino).data_version()
     }
 
     /// Durable when it returns (unless `sync=disabled`).
@@ -807,7 +834,11 @@ impl Fs {
             mask |= MAY_WRITE;
         }
         let node = self.node(ino);
-        let _data = if trunc { Some(node.data.write()) } else { None };
+        let _data = if trunc {
+            Some(node.change_data())
+        } else {
+            None
+        };
         let mut slot = self.lock(&node)?;
         let inode = slot.inode().clone();
         if !created {
@@ -846,13 +877,17 @@ impl Fs {
         offset: u64,
         data: &[u8],
         append: bool,
-    ) -> Result<u32> {
+    ) -> Result<(u32, DataVersions)> {
         if data.len() > u32::MAX as usize {
             return Err(Errno::EINVAL);
         }
         self.writable()?;
         let node = self.node(ino);
-        let _data = node.data.write();
+        let change = node.change_data();
+        let versions = DataVersions {
+            before: change.before,
+            after: change.after,
+        };
         let mut slot = self.lock(&node)?;
         match slot.inode().kind {
             FileKind::File => {}
@@ -861,7 +896,7 @@ impl Fs {
         }
         let start = if append { slot.inode().size } else { offset };
         if data.is_empty() {
-            return Ok(0);
+            return Ok((0, versions));
         }
         let end = start
             .checked_add(data.len() as u64)
@@ -894,7 +929,7 @@ impl Fs {
             written += chunk.len();
         }
         debug_assert!(start + written as u64 <= end);
-        Ok(written as u32)
+        Ok((written as u32, versions))
     }
 
     fn fallocate_impl(
@@ -915,7 +950,7 @@ impl Fs {
         }
         self.writable()?;
         let node = self.node(ino);
-        let _data = node.data.write();
+        let _data = node.change_data();
         let mut slot = self.lock(&node)?;
         match slot.inode().kind {
             FileKind::File => {}
@@ -971,7 +1006,7 @@ impl Fs {
     fn setattr_impl(&self, cred: &Cred, ino: Ino, set: &SetAttr, opened: bool) -> Result<Attr> {
         let node = self.node(ino);
         let _data = if set.size.is_some() {
-            Some(node.data.write())
+            Some(node.change_data())
         } else {
             None
         };

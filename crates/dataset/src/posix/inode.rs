@@ -19,11 +19,20 @@
 //! the filesystem's namespace lock, then `data` locks, then `meta` locks in increasing inode
 //! number, then a transaction. Namespace operations take `data` locks only with `try_write`
 //! (never waiting), so a long write never holds up the namespace.
+//!
+//! # Data versions
+//! Every change of a file's bytes or size takes its `data` lock exclusively through
+//! [`Node::change_data`], which gives the node a new data version from one process-wide
+//! counter. A node made anew (first use, or after an eviction) gets a new version too, so
+//! a version names one state of a file's data and is never seen again for another. A
+//! front end that caches file data (the FUSE mount's kernel pages) keeps the version its
+//! cache holds, and keeps the cache only while the version is unchanged.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use super::format::Inode;
 use super::types::Ino;
@@ -59,6 +68,44 @@ pub(crate) struct Node {
     pub ino: Ino,
     pub data: RwLock<()>,
     pub meta: Mutex<Slot>,
+    /// The version of the file's data (module documentation), changed only under `data`
+    /// held exclusively.
+    data_version: AtomicU64,
+}
+
+/// The next data version (never 0, never repeated).
+fn next_data_version() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The `data` lock of a node held for a change of its data: the version it had and the
+/// one it has once the change is done.
+pub(crate) struct DataChange<'a> {
+    _lock: RwLockWriteGuard<'a, ()>,
+    pub before: u64,
+    pub after: u64,
+}
+
+impl Node {
+    /// Takes the `data` lock for a change of the file's bytes or size, and gives the node
+    /// its next data version.
+    pub fn change_data(&self) -> DataChange<'_> {
+        let lock = self.data.write();
+        let after = next_data_version();
+        let before = self.data_version.swap(after, Ordering::AcqRel);
+        DataChange {
+            _lock: lock,
+            before,
+            after,
+        }
+    }
+
+    /// The version of the data as no change is under way.
+    pub fn data_version(&self) -> u64 {
+        let _r = self.data.read();
+        self.data_version.load(Ordering::Acquire)
+    }
 }
 
 struct Shard {
@@ -101,6 +148,7 @@ impl InodeCache {
             ino,
             data: RwLock::new(()),
             meta: Mutex::new(Slot::default()),
+            data_version: AtomicU64::new(next_data_version()),
         });
         shard.nodes.insert(ino, n.clone());
         n

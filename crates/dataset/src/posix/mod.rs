@@ -21,5 +21,5 @@ pub(crate) fn fuzz_records(data: &[u8]) {
     let _ = format::decode_xattr_head(data);
 }
 
-pub use fs::Fs;
+pub use fs::{DataVersions, Fs};
 pub use types::*;
