@@ -62,9 +62,10 @@
 //!   (`Fs::data_version`, which every change of its bytes or size through any front end
 //!   moves on) with the version recorded when its pages were last known current
 //!   (`PageStamps`), and keeps them only on a match; otherwise the kernel drops them, as
-//!   close-to-open consistency asks. A write the kernel writes back from its own pages
-//!   (FUSE_WRITE_CACHE) carries the stamp from the version before it to the one after it,
-//!   when nothing else changed the file in between; any other write, a size change and
+//!   close-to-open consistency asks. Writes the kernel writes back from its own pages
+//!   (FUSE_WRITE_CACHE) carry the stamp from the version before each to the one after it,
+//!   in whatever order they finish, as long as nothing else changed the file in between
+//!   (a step that starts from a version nobody recorded never joins); any other write, a size change and
 //!   `fallocate` forget the stamp, so the next open drops the pages. Changes made past the
 //!   mount (NFS, S3) also drop the kernel's pages as they happen (the mount's invalidator);
 //!   a rollback remounts.
@@ -206,31 +207,64 @@ const PAGE_STAMPS_MAX: usize = 1 << 18;
 /// The data version (`Fs::data_version`) of each live file as the kernel's cached pages of
 /// it hold it, by node id.
 #[derive(Default)]
-struct PageStamps(parking_lot::Mutex<std::collections::HashMap<u64, u64>>);
+struct PageStamps(parking_lot::Mutex<std::collections::HashMap<u64, PageStamp>>);
+
+/// Written-back writes whose version step waits for an earlier one, at most (past it the
+/// stamp is forgotten).
+const PAGE_STAMP_PENDING_MAX: usize = 64;
+
+#[derive(Debug, Default)]
+struct PageStamp {
+    /// The version the pages hold.
+    version: u64,
+    /// Steps (before, after) of written-back writes that answered before the write that
+    /// leads to their `before`: the kernel writes pages back several at a time, and they
+    /// finish in any order.
+    pending: Vec<(u64, u64)>,
+}
 
 impl PageStamps {
     /// At an open: whether the pages cached of the file are still current (its data
     /// version is the one recorded). Records the version it has now, either way.
     fn still_current(&self, nodeid: u64, fs: &Fs, ino: Ino) -> bool {
-        let now = fs.data_version(ino);
+        self.record(nodeid, fs.data_version(ino))
+    }
+
+    /// Records `version` for the file; whether it was the one recorded.
+    fn record(&self, nodeid: u64, version: u64) -> bool {
         let mut stamps = self.0.lock();
         if stamps.len() >= PAGE_STAMPS_MAX && !stamps.contains_key(&nodeid) {
             stamps.clear();
         }
-        stamps.insert(nodeid, now) == Some(now)
+        let fresh = PageStamp {
+            version,
+            pending: Vec::new(),
+        };
+        stamps
+            .insert(nodeid, fresh)
+            .is_some_and(|old| old.version == version)
     }
 
     /// The kernel wrote its own pages back, taking the file from version `before` to
-    /// `after`: if the pages held `before`, they hold `after` now. Otherwise something
-    /// else changed the file in between, and the stamp is forgotten.
+    /// `after`. The pages hold `after` once every step from the recorded version leads
+    /// there; a step that starts anywhere else (something else changed the file in
+    /// between) never joins, and the next open drops the pages.
     fn renew(&self, nodeid: u64, versions: DataVersions) {
         let mut stamps = self.0.lock();
-        match stamps.get_mut(&nodeid) {
-            Some(v) if *v == versions.before => *v = versions.after,
-            Some(_) => {
+        let Some(stamp) = stamps.get_mut(&nodeid) else {
+            return;
+        };
+        if stamp.version != versions.before {
+            if stamp.pending.len() >= PAGE_STAMP_PENDING_MAX {
                 stamps.remove(&nodeid);
+            } else {
+                stamp.pending.push((versions.before, versions.after));
             }
-            None => {}
+            return;
+        }
+        stamp.version = versions.after;
+        while let Some(i) = stamp.pending.iter().position(|(b, _)| *b == stamp.version) {
+            stamp.version = stamp.pending.swap_remove(i).1;
         }
     }
 
@@ -1578,5 +1612,56 @@ impl Filesystem for Server {
         let _timed = self.timed("poll");
         // Files are always ready; the kernel says so itself after ENOSYS.
         reply.error(fuser::Errno::ENOSYS);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(before: u64, after: u64) -> DataVersions {
+        DataVersions { before, after }
+    }
+
+    #[test]
+    fn page_stamps_follow_written_back_writes_in_any_order() {
+        let stamps = PageStamps::default();
+        // First open: nothing cached yet.
+        assert!(!stamps.record(7, 10));
+        assert!(stamps.record(7, 10));
+        // Three writes back, answered out of order: 10 -> 11 -> 12 -> 13.
+        stamps.renew(7, step(12, 13));
+        stamps.renew(7, step(10, 11));
+        stamps.renew(7, step(11, 12));
+        assert!(
+            stamps.record(7, 13),
+            "the steps joined up to the file's version"
+        );
+    }
+
+    #[test]
+    fn page_stamps_never_join_across_a_change_made_elsewhere() {
+        let stamps = PageStamps::default();
+        assert!(!stamps.record(1, 10));
+        // Ours 10 -> 11, then a change elsewhere 11 -> 12, then ours 12 -> 13.
+        stamps.renew(1, step(10, 11));
+        stamps.renew(1, step(12, 13));
+        assert!(
+            !stamps.record(1, 13),
+            "pages kept across a change they do not hold"
+        );
+        // Forgotten by any other change.
+        assert!(stamps.record(1, 13));
+        stamps.forget(1);
+        assert!(!stamps.record(1, 13));
+        // A file without a stamp gains none from a write back.
+        stamps.renew(2, step(1, 2));
+        assert!(!stamps.record(2, 2));
+        // Too many steps waiting: forgotten.
+        assert!(!stamps.record(3, 100));
+        for i in 0..=PAGE_STAMP_PENDING_MAX as u64 {
+            stamps.renew(3, step(1000 + i, 2000 + i));
+        }
+        assert!(!stamps.record(3, 100));
     }
 }
