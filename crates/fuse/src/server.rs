@@ -741,9 +741,12 @@ impl Server {
         let append = !self.writeback && !cached && flags.0 & libc::O_APPEND != 0;
         let written = fs.write_versioned(&cred, ino, offset, data, append);
         match &written {
-            // Written back from the kernel's pages: they hold what the file now holds.
-            Ok((_, versions)) if cached => self.page_stamps.renew(nodeid.0, *versions),
-            // Past the pages (or failed, when pages may hold what the file does not).
+            // Written back from the kernel's pages, whole: they hold what the file now holds.
+            Ok((n, versions)) if cached && *n as usize == data.len() => {
+                self.page_stamps.renew(nodeid.0, *versions)
+            }
+            // Past the pages (or failed or short, when pages may hold what the file does
+            // not).
             _ => self.page_stamps.forget(nodeid.0),
         }
         let (written, _) = written?;

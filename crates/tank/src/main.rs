@@ -32,9 +32,9 @@ mod mounts;
 
 use clap::{Parser, Subcommand};
 use tank_bench::run::{
-    cache as bench_cache, engine as bench, fs as fsbench, iscsi as bench_iscsi, nfs as bench_nfs,
-    plan, s3 as bench_s3, scrub as bench_scrub, send as bench_send, smb as bench_smb,
-    sync as bench_sync,
+    bonnie as bench_bonnie, cache as bench_cache, engine as bench, fs as fsbench,
+    iscsi as bench_iscsi, nfs as bench_nfs, plan, s3 as bench_s3, scrub as bench_scrub,
+    send as bench_send, smb as bench_smb, sync as bench_sync,
 };
 
 /// mimalloc keeps freed memory for reuse: the data path allocates and frees buffers of 128 KiB
@@ -150,6 +150,9 @@ enum Command {
     /// `tank send | tank receive` between two pools on one disk against zfs-fuse's
     /// `zfs send | zfs receive` of the same data: a full stream and a 1% increment.
     BenchSend(bench_send::SendBenchArgs),
+    /// bonnie++ itself on the mount of the default pool, against zfs-fuse (raidz2 of six
+    /// files) on the same disk: block and per-character I/O, seeks, small files.
+    BenchBonnie(bench_bonnie::BonnieBenchArgs),
     /// Recommend a layout for a set of disks: capacity, reliability, resilver time, speed.
     Plan(plan::PlanArgs),
     /// Show the ARC and L2ARC: sizes, hit rates by list, prefetch, evictions (with an
@@ -206,6 +209,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::BenchSmb(a) => bench_smb::run(a),
         Command::BenchIscsi(a) => bench_iscsi::run(a),
         Command::BenchSend(a) => bench_send::run(a),
+        Command::BenchBonnie(a) => bench_bonnie::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Arcstat(a) => cmd_arc::run_arcstat(a),
         Command::Param(a) => cmd_arc::run_param(a),

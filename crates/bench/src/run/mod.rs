@@ -1,5 +1,5 @@
 //! The benchmark commands' runners (`tank bench`, `bench-engine`, `bench-scrub`,
-//! `bench-cache`, `bench-sync`, `bench-nfs`, `bench-s3`, `bench-smb`, `bench-iscsi`, `plan`): their arguments, their pools of scratch devices,
+//! `bench-cache`, `bench-sync`, `bench-nfs`, `bench-s3`, `bench-smb`, `bench-iscsi`, `bench-send`, `bench-bonnie`, `plan`): their arguments, their pools of scratch devices,
 //! their measurements and their reports. The binary only parses the command line and calls
 //! `run`.
 //!
@@ -12,6 +12,7 @@
 //! when asked, `util.rs` holds the data directory and the size parsers they share.
 
 pub mod awake;
+pub mod bonnie;
 pub mod cache;
 pub mod emulated;
 pub mod engine;
