@@ -660,7 +660,8 @@ pub struct TreeSnapshot {
 }
 
 impl TreeSnapshot {
-    /// Writes every unwritten node (post-order: children first, data blocks of leaves first),
+    /// Writes every dirty data block of the unwritten leaves first (all of them, in key
+    /// order: `read::write_data_below`), then every unwritten node (post-order: children first),
     /// frees the obsolete nodes that have a bp, and returns the root bp (None for an empty
     /// tree). A failed sync must not be retried with the same obsolete list (some frees may
     /// have been done); the pool suspends instead (DESIGN.md §3.8).
@@ -678,7 +679,10 @@ impl TreeSnapshot {
         }
         let root_bp = match &self.root {
             None => None,
-            Some(root) => Some(read::write_node(store, root, 0)?),
+            Some(root) => {
+                read::write_data_below(store, root, 0)?;
+                Some(read::write_node(store, root, 0)?)
+            }
         };
         for nref in &obsolete {
             if let Some(root) = &self.root {

@@ -160,6 +160,43 @@ pub(super) fn cached_below(nref: &NodeRef) -> usize {
     }
 }
 
+/// Writes the dirty data blocks of every unwritten leaf at or below `nref`, in key order,
+/// before any node is written ([`write_node`] then finds them written). A txg's data thus
+/// reaches each disk as one ascending run, and its tree nodes (metadata, allocated apart
+/// and in more copies) follow as a run of their own, instead of a node after each leaf's
+/// data, each a seek away from it and back on a disk with one actuator.
+pub(super) fn write_data_below(
+    store: &dyn NodeStore,
+    nref: &NodeRef,
+    depth: usize,
+) -> Result<(), TreeError> {
+    if nref.bp.get().is_some() {
+        return Ok(());
+    }
+    assert!(
+        depth <= usize::from(MAX_LEVEL),
+        "unwritten tree deeper than MAX_LEVEL"
+    );
+    let node = nref
+        .node
+        .read()
+        .clone()
+        .expect("unwritten node is in memory");
+    match &node.body {
+        Body::Leaf(items) => {
+            for (_, value) in items {
+                if let Value::Block(block) = value {
+                    block.write_if_dirty(store)?;
+                }
+            }
+            Ok(())
+        }
+        Body::Internal(children) => children
+            .iter()
+            .try_for_each(|(_, child)| write_data_below(store, child, depth + 1)),
+    }
+}
+
 /// Writes `nref` and everything below it that has no bp yet, children first. `depth` counts
 /// the levels above, for the recursion bound.
 pub(super) fn write_node(
