@@ -735,16 +735,18 @@ fn serve_creates_mounts_and_answers_the_cli() {
     assert_eq!(std::fs::read(mnt.join("docs/a")).unwrap(), b"A");
 }
 
-/// Damages `n` 4 KiB runs at `at` bytes into each named device file.
-fn damage(env: &Env, names: &[&str], at: u64, n: u64) {
+/// Damages `n` runs of `run` bytes (at most 64 KiB), one every 64 KiB from `at` bytes into
+/// each named device file.
+fn damage(env: &Env, names: &[&str], at: u64, n: u64, run: usize) {
     use std::os::unix::fs::FileExt;
+    assert!(run <= 65536);
     for (k, name) in names.iter().enumerate() {
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(env.path(name))
             .unwrap();
         for i in 0..n {
-            let junk = vec![0x5a ^ (k as u8) ^ (i as u8); 4096];
+            let junk = vec![0x5a ^ (k as u8) ^ (i as u8); run];
             f.write_all_at(&junk, at + i * 65536).unwrap();
         }
     }
@@ -771,7 +773,7 @@ fn scrub_repairs_reports_permanent_errors_and_refuses_bad_requests() {
 
     // Two damaged devices of a raidz2: everything is repaired.
     env.ok(&["pool", "export", "sp"]);
-    damage(&env, &["s1", "s3"], 4 << 20, 100);
+    damage(&env, &["s1", "s3"], 4 << 20, 100, 4096);
     let import = ["pool", "import", "-d", ".", "sp"];
     env.ok(&import);
     let out = env.ok(&["pool", "scrub", "sp"]);
@@ -785,7 +787,9 @@ fn scrub_repairs_reports_permanent_errors_and_refuses_bad_requests() {
 
     // Three: the damaged blocks are permanent errors, named by object.
     env.ok(&["pool", "export", "sp"]);
-    damage(&env, &["s0", "s2", "s4"], 4 << 20, 100);
+    // The whole region on three devices, so that every block in it (whatever the layout
+    // the allocator chose) has more damaged columns than raidz2 can rebuild.
+    damage(&env, &["s0", "s2", "s4"], 4 << 20, 100, 65536);
     env.ok(&import);
     let out = env.ok(&["pool", "scrub", "sp"]);
     assert!(!out.contains("with 0 errors"), "{out}");
@@ -1068,7 +1072,7 @@ fn counters_and_events_are_kept_with_the_pool() {
     let id = env.ok(&["debug", "object", "write", "hp", "blob"]);
     let id = id.trim().lines().last().unwrap().to_string();
     env.ok(&["pool", "export", "hp"]);
-    damage(&env, &["m1"], 4 << 20, 64);
+    damage(&env, &["m1"], 4 << 20, 64, 4096);
     env.ok(&["pool", "import", "-d", ".", "hp"]);
     let clean = counters(&env.ok(&["pool", "status", "--json", "hp"]));
     assert!(clean.iter().all(|c| c.3 == 0), "{clean:?}");
