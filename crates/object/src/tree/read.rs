@@ -160,6 +160,25 @@ pub(super) fn cached_below(nref: &NodeRef) -> usize {
     }
 }
 
+/// The contents of a node that has no bp yet (None once it has one); `depth` counts the
+/// levels above, for the recursion bound.
+fn unwritten(nref: &NodeRef, depth: usize) -> Option<Arc<Node>> {
+    if nref.bp.get().is_some() {
+        return None;
+    }
+    assert!(
+        depth <= usize::from(MAX_LEVEL),
+        "unwritten tree deeper than MAX_LEVEL"
+    );
+    // A node without a bp is never evicted, so its contents are here.
+    Some(
+        nref.node
+            .read()
+            .clone()
+            .expect("unwritten node is in memory"),
+    )
+}
+
 /// Writes the dirty data blocks of every unwritten leaf at or below `nref`, in key order,
 /// before any node is written ([`write_node`] then finds them written). A txg's data thus
 /// reaches each disk as one ascending run, and its tree nodes (metadata, allocated apart
@@ -170,18 +189,9 @@ pub(super) fn write_data_below(
     nref: &NodeRef,
     depth: usize,
 ) -> Result<(), TreeError> {
-    if nref.bp.get().is_some() {
+    let Some(node) = unwritten(nref, depth) else {
         return Ok(());
-    }
-    assert!(
-        depth <= usize::from(MAX_LEVEL),
-        "unwritten tree deeper than MAX_LEVEL"
-    );
-    let node = nref
-        .node
-        .read()
-        .clone()
-        .expect("unwritten node is in memory");
+    };
     match &node.body {
         Body::Leaf(items) => {
             for (_, value) in items {
@@ -197,33 +207,29 @@ pub(super) fn write_data_below(
     }
 }
 
-/// Writes `nref` and everything below it that has no bp yet, children first. `depth` counts
-/// the levels above, for the recursion bound.
+/// Writes `nref` and every node below it that has no bp yet, children first, once
+/// [`write_data_below`] has written their data blocks. `depth` counts the levels above,
+/// for the recursion bound.
 pub(super) fn write_node(
     store: &dyn NodeStore,
     nref: &NodeRef,
     depth: usize,
 ) -> Result<BlockPtr, TreeError> {
-    if let Some(bp) = nref.bp.get() {
-        return Ok(*bp);
-    }
-    assert!(
-        depth <= usize::from(MAX_LEVEL),
-        "unwritten tree deeper than MAX_LEVEL"
-    );
-    // A node without a bp is never evicted, so its contents are here.
-    let node = nref
-        .node
-        .read()
-        .clone()
-        .expect("unwritten node is in memory");
+    let Some(node) = unwritten(nref, depth) else {
+        return Ok(*nref
+            .bp
+            .get()
+            .expect("a node without contents to write has a bp"));
+    };
     match &node.body {
         Body::Leaf(items) => {
-            for (_, value) in items {
-                if let Value::Block(block) = value {
-                    block.write_if_dirty(store)?;
-                }
-            }
+            debug_assert!(
+                items.iter().all(|(_, v)| match v {
+                    Value::Block(block) => block.bp().is_some(),
+                    Value::Inline(_) => true,
+                }),
+                "a leaf's data blocks are written before the leaf"
+            );
         }
         Body::Internal(children) => {
             for (_, child) in children {
