@@ -355,19 +355,21 @@ async fn serve(
                             .and_then(|v| v.to_str().ok())
                             .map(str::to_string);
                         let bucket = cors.bucket_of(req.headers(), req.uri().path());
-                        // An empty body announced with `Expect: 100-continue` is answered
-                        // without a 100 (there is nothing to continue to). botocore then
-                        // keeps the answer's status for that connection's next request
-                        // with the same header, and reads that request's answer wrong (a
-                        // stalled, empty response): such a connection is closed after its
-                        // answer.
-                        let close_after =
-                            req.headers().get(http::header::EXPECT).is_some_and(|v| {
-                                v.as_bytes().eq_ignore_ascii_case(b"100-continue")
-                            }) && req
-                                .headers()
-                                .get(http::header::CONTENT_LENGTH)
-                                .is_some_and(|v| v.as_bytes() == b"0");
+                        // A request announced with `Expect: 100-continue` and answered
+                        // without a 100 (an empty body: nothing to continue to; or an
+                        // error found before the body was wanted) leaves botocore holding
+                        // that answer's status for the connection's next request with the
+                        // same header, whose answer it then reads wrong (a stalled, empty
+                        // or stale response). Such a connection is closed after its
+                        // answer, as S3 itself closes after an error.
+                        let expects = req
+                            .headers()
+                            .get(http::header::EXPECT)
+                            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+                        let empty = req
+                            .headers()
+                            .get(http::header::CONTENT_LENGTH)
+                            .is_some_and(|v| v.as_bytes() == b"0");
                         let mut req = req;
                         if sigv2 && sig_v2(req.headers(), req.uri().query()) {
                             v2_bucket_path(&mut req);
@@ -388,7 +390,9 @@ async fn serve(
                         });
                         stats.op("s3", &op).record(start.elapsed(), failed);
                         r.map(|mut resp| {
-                            if close_after {
+                            let refused =
+                                resp.status().is_client_error() || resp.status().is_server_error();
+                            if expects && (empty || refused) {
                                 resp.headers_mut().insert(
                                     http::header::CONNECTION,
                                     http::HeaderValue::from_static("close"),

@@ -215,6 +215,14 @@ check(got in bodies, "one whole winner")
 # Access: bob only in "shared"; "readonly" refuses writes; "pub" is readable unsigned.
 check(code_of(lambda: bob.get_object(Bucket="work", Key="race")) == "AccessDenied", "bob reads work")
 check(code_of(lambda: bob.put_object(Bucket="work", Key="x", Body=b"x")) == "AccessDenied", "bob writes work")
+# A refusal given before the body was wanted ("Expect: 100-continue" unanswered) closes
+# the connection: botocore would read the connection's next answer with this one's status.
+try:
+    bob.put_object(Bucket="work", Key="x", Body=b"x")
+    check(False, "bob wrote work")
+except botocore.exceptions.ClientError as e:
+    check(e.response["ResponseMetadata"]["HTTPHeaders"].get("connection") == "close",
+          f"a refused PUT closes its connection: {e.response['ResponseMetadata']['HTTPHeaders']}")
 bob.put_object(Bucket="shared", Key="from-bob.txt", Body=b"bob was here")
 check(admin.get_object(Bucket="shared", Key="from-bob.txt")["Body"].read() == b"bob was here", "shared")
 check(code_of(lambda: bob.put_object(Bucket="readonly", Key="x", Body=b"x")) == "AccessDenied", "read-only bucket")
