@@ -111,6 +111,10 @@ impl std::fmt::Debug for CachedRead {
     }
 }
 
+/// A block not read ahead because the reads ahead in flight hold the prefetch budget.
+#[derive(Debug)]
+pub struct OverBudget;
+
 /// One pool instance's cached reads (see the module documentation).
 #[derive(Debug)]
 pub struct BlockCache {
@@ -185,16 +189,25 @@ impl BlockCache {
         CachedRead::Pending(self.blocks.submit(bp), None)
     }
 
-    /// Starts reading a block ahead of a sequential stream, unless it is cached already or
-    /// the prefetch budget is spent.
-    pub fn prefetch(&self, bp: &BlockPtr) -> Option<CachedRead> {
-        let key = self.key(bp)?;
+    /// Starts reading a block ahead of a sequential stream: `Ok(None)` when it is in the
+    /// ARC already (or is no block on disk), `OverBudget` when the reads ahead in flight
+    /// hold the prefetch budget.
+    pub fn prefetch(&self, bp: &BlockPtr) -> Result<Option<CachedRead>, OverBudget> {
+        let Some(key) = self.key(bp) else {
+            return Ok(None);
+        };
         if self.arc.contains(&key) {
-            return None;
+            return Ok(None);
         }
-        let charge = self.arc.prefetch_reserve(u64::from(bp.psize))?;
+        let charge = self
+            .arc
+            .prefetch_reserve(u64::from(bp.psize))
+            .ok_or(OverBudget)?;
         self.arc.count_prefetch_issued();
-        Some(CachedRead::Pending(self.blocks.submit(bp), Some(charge)))
+        Ok(Some(CachedRead::Pending(
+            self.blocks.submit(bp),
+            Some(charge),
+        )))
     }
 
     /// Finishes a read: the logical bytes, cached as `policy` says.

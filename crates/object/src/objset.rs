@@ -33,7 +33,7 @@ use tank_block::{
 use tank_pool::{PoolError, Tx};
 use tank_vdev::IoBatch;
 
-use crate::cache::{BlockCache, BlockData, CachePolicy, CachedRead};
+use crate::cache::{BlockCache, BlockData, CachePolicy, CachedRead, OverBudget};
 use crate::tree::{
     BlockRef, Change, CowTree, Key, NodeRef, NodeStore, TreeError, TreeSnapshot, Value, WriteKind,
 };
@@ -58,7 +58,8 @@ const NODE_CACHE_MAX: usize = 16384;
 /// 8 MiB; larger here since our device queues are shallow), at least `PREFETCH_MIN_BLOCKS`.
 const PREFETCH_BYTES: u64 = 16 << 20;
 const PREFETCH_MIN_BLOCKS: u64 = 16;
-/// Prefetched blocks an object set holds at most (older ones are dropped).
+/// Prefetched blocks an object set holds at most (when reached, the ones held are dropped:
+/// those left behind by streams that stopped).
 const PREFETCH_MAX: usize = 1024;
 /// Streams an object set follows at once.
 const PREFETCH_STREAMS: usize = 64;
@@ -399,11 +400,21 @@ struct ObjsetLog {
     durable: u64,
 }
 
+/// A sequential stream of reads of one object.
+#[derive(Clone, Copy)]
+struct Stream {
+    /// Where its reads have got to (a byte offset).
+    reached: u64,
+    /// The first block not yet looked at for read-ahead: each read looks at the blocks its
+    /// window newly covers only, as zfetch issues from its stream's prefetch end.
+    ahead_from: u64,
+}
+
 /// Sequential streams being read and the blocks read ahead for them.
 #[derive(Default)]
 struct Prefetch {
-    /// Object → where its last read ended.
-    streams: HashMap<u64, u64>,
+    /// Object → its stream.
+    streams: HashMap<u64, Stream>,
     /// (object, block id) → the pointer it was read for and the read in flight.
     blocks: HashMap<(u64, u64), (BlockPtr, CachedRead)>,
 }
@@ -1033,9 +1044,11 @@ impl ObjectSet {
 
     /// Sequential-stream prefetch (ZFS's zfetch, simplified): a read that starts where the
     /// previous reads of the object got to (within `STREAM_SLACK`, as zfetch accepts reads
-    /// within a stream's window) starts reading the next `PREFETCH_BYTES`, so
-    /// the devices stay busy between the caller's requests. Prefetched reads are matched by
-    /// block pointer when used, so a block rewritten since is never served stale.
+    /// within a stream's window) reads ahead up to `PREFETCH_BYTES` (and half of
+    /// `PREFETCH_MAX` blocks) past its end, so the devices stay busy between the caller's
+    /// requests. Each read issues only the blocks its window newly covers. Prefetched reads
+    /// are matched by block pointer when used, so a block rewritten since is never served
+    /// stale.
     fn prefetch_after(
         &self,
         obj: u64,
@@ -1043,35 +1056,54 @@ impl ObjectSet {
         end: u64,
         last: u64,
     ) -> Result<(), ObjectError> {
-        let sequential = {
+        let bs = u64::from(self.stat(obj)?.block_size);
+        // The window stays within half of what may be held, so that a window's blocks in
+        // flight are never dropped to make room for the same window's next ones.
+        let ahead = (PREFETCH_BYTES / bs)
+            .min(PREFETCH_MAX as u64 / 2)
+            .max(PREFETCH_MIN_BLOCKS);
+        let window = {
             let mut pf = self.prefetch.lock();
             let previous = pf.streams.get(&obj).copied();
             // A read near where the stream has got to continues it: readers that keep
             // several requests in flight (the kernel's readahead through FUSE, parallel
             // jobs) deliver a stream's reads slightly out of order.
-            let seq = previous.is_some_and(|p| {
-                offset <= p.saturating_add(STREAM_SLACK) && offset.saturating_add(STREAM_SLACK) >= p
+            let seq = previous.filter(|p| {
+                offset <= p.reached.saturating_add(STREAM_SLACK)
+                    && offset.saturating_add(STREAM_SLACK) >= p.reached
             });
             if pf.streams.len() >= PREFETCH_STREAMS && previous.is_none() {
                 pf.streams.clear();
             }
-            let reached = match previous {
-                Some(p) if seq => p.max(end),
-                _ => end,
+            let stop = (last + 1).saturating_add(ahead);
+            let (stream, window) = match seq {
+                Some(p) => {
+                    let from = p.ahead_from.max(last + 1);
+                    let stream = Stream {
+                        reached: p.reached.max(end),
+                        ahead_from: p.ahead_from.max(stop),
+                    };
+                    (stream, (from < stop).then_some((from, stop)))
+                }
+                None => (
+                    Stream {
+                        reached: end,
+                        ahead_from: 0,
+                    },
+                    None,
+                ),
             };
-            pf.streams.insert(obj, reached);
-            seq
+            pf.streams.insert(obj, stream);
+            window
         };
-        if !sequential {
+        let Some((from, stop)) = window else {
             return Ok(());
-        }
-        let bs = u64::from(self.stat(obj)?.block_size);
-        let ahead = (PREFETCH_BYTES / bs).max(PREFETCH_MIN_BLOCKS);
+        };
         let items = self.tree.lock().range(
             &self.store(),
-            &key(obj, KIND_DATA, last + 1),
-            &key(obj, KIND_DATA, last + 1 + ahead),
-            ahead as usize,
+            &key(obj, KIND_DATA, from),
+            &key(obj, KIND_DATA, stop),
+            (stop - from) as usize,
         )?;
         let mut pf = self.prefetch.lock();
         for (k, v) in items {
@@ -1081,11 +1113,21 @@ impl ObjectSet {
                 }
                 if let Some(bp) = r.bp() {
                     if pf.blocks.len() >= PREFETCH_MAX {
+                        // Left behind by streams that stopped before using them.
                         pf.blocks.clear();
                     }
-                    // Skipped when cached already or the prefetch budget is spent.
-                    if let Some(read) = self.cache.prefetch(&bp) {
-                        pf.blocks.insert((obj, k.offset), (bp, read));
+                    match self.cache.prefetch(&bp) {
+                        Ok(Some(read)) => {
+                            pf.blocks.insert((obj, k.offset), (bp, read));
+                        }
+                        Ok(None) => {}
+                        Err(OverBudget) => {
+                            // The stream's next read looks from here again.
+                            if let Some(s) = pf.streams.get_mut(&obj) {
+                                s.ahead_from = s.ahead_from.min(k.offset);
+                            }
+                            break;
+                        }
                     }
                 }
             }

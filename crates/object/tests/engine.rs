@@ -308,6 +308,53 @@ fn a_stream_read_slightly_out_of_order_is_still_read_ahead() {
     );
 }
 
+/// A stream of small blocks read by a caller with several requests in flight (a volume
+/// of 16K blocks read in 1 MiB requests): each read issues only the blocks its window
+/// newly covers, the window never drops its own reads in flight, and nearly every block
+/// read ahead is used.
+#[test]
+fn a_stream_of_small_blocks_uses_what_it_reads_ahead() {
+    let (_mems, map) = mem_devices(3, DEV);
+    let (_pool, store) = create("raidz1 m0 m1 m2", &map, 12);
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mib = 1usize << 20;
+    let data = bytes(&mut rng(12), 48 * mib, false);
+    os.set_primarycache(CachePolicy::Metadata);
+    let id = synced_object(&store, &os, &data, 16 << 10);
+    os.set_primarycache(CachePolicy::All);
+    let before = store.cache().arc().stats();
+    // Four readers take the stream's 1 MiB pieces in turn, so reads arrive a little out
+    // of order and overlap, as a target's queue of commands delivers them.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= 48 {
+                    break;
+                }
+                let got = os.read(id, (i * mib) as u64, mib).unwrap();
+                assert!(got == data[i * mib..(i + 1) * mib], "piece {i}");
+            });
+        }
+    });
+    let after = store.cache().arc().stats();
+    let issued = after.prefetch_issued - before.prefetch_issued;
+    let used = after.prefetch_hits - before.prefetch_hits;
+    let blocks = (48 * mib / (16 << 10)) as u64;
+    assert!(
+        issued > blocks / 2,
+        "only {issued} of {blocks} blocks read ahead"
+    );
+    // What is still in flight past the end, and blocks a demand read took first, are the
+    // only ones read ahead and not used.
+    assert!(
+        issued - used <= issued / 10 + os.prefetched_blocks() as u64,
+        "{issued} blocks read ahead, {used} used, {} held",
+        os.prefetched_blocks()
+    );
+}
+
 #[test]
 fn prefetch_never_serves_stale_blocks() {
     let (_mems, map) = mem_devices(3, DEV);
