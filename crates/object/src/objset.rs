@@ -1008,7 +1008,7 @@ impl ObjectSet {
             let policy = if covers(blkid) { whole_policy } else { policy };
             blocks.push((blkid, self.cache.complete(pending, false, policy)?));
         }
-        self.prefetch_after(obj, offset, end, last)?;
+        self.prefetch_after(obj, bs, offset, end, last)?;
         // Built in block order, so that each byte is written once: holes as zeros, blocks
         // copied (a stable sort keeps a later entry for the same block winning).
         blocks.sort_by_key(|(blkid, _)| *blkid);
@@ -1052,11 +1052,11 @@ impl ObjectSet {
     fn prefetch_after(
         &self,
         obj: u64,
+        bs: u64,
         offset: u64,
         end: u64,
         last: u64,
     ) -> Result<(), ObjectError> {
-        let bs = u64::from(self.stat(obj)?.block_size);
         // The window stays within half of what may be held, so that a window's blocks in
         // flight are never dropped to make room for the same window's next ones.
         let ahead = (PREFETCH_BYTES / bs)

@@ -280,6 +280,20 @@ fn synced_object(
     id
 }
 
+/// `synced_object`, written past the ARC (a block just written is kept there otherwise),
+/// so that reads of it go to the devices and read ahead.
+fn synced_past_the_arc(
+    store: &Arc<ObjectStore>,
+    os: &Arc<ObjectSet>,
+    data: &[u8],
+    recordsize: u32,
+) -> u64 {
+    os.set_primarycache(CachePolicy::Metadata);
+    let id = synced_object(store, os, data, recordsize);
+    os.set_primarycache(CachePolicy::All);
+    id
+}
+
 #[test]
 fn a_stream_read_slightly_out_of_order_is_still_read_ahead() {
     let (_mems, map) = mem_devices(3, DEV);
@@ -287,11 +301,7 @@ fn a_stream_read_slightly_out_of_order_is_still_read_ahead() {
     let os = store.objset(ROOT_OBJSET).unwrap();
     let mib = 1usize << 20;
     let data = bytes(&mut rng(11), 24 * mib, false);
-    // Written past the ARC (a block just written is kept there otherwise), so that the
-    // reads below go to the devices and read ahead.
-    os.set_primarycache(CachePolicy::Metadata);
-    let id = synced_object(&store, &os, &data, mib as u32);
-    os.set_primarycache(CachePolicy::All);
+    let id = synced_past_the_arc(&store, &os, &data, mib as u32);
     // The first read starts no stream; the next starts a little past where it ended (a
     // reader with several requests in flight), and still continues it.
     assert_eq!(os.read(id, 0, 2 * mib).unwrap(), data[..2 * mib]);
@@ -319,9 +329,7 @@ fn a_stream_of_small_blocks_uses_what_it_reads_ahead() {
     let os = store.objset(ROOT_OBJSET).unwrap();
     let mib = 1usize << 20;
     let data = bytes(&mut rng(12), 48 * mib, false);
-    os.set_primarycache(CachePolicy::Metadata);
-    let id = synced_object(&store, &os, &data, 16 << 10);
-    os.set_primarycache(CachePolicy::All);
+    let id = synced_past_the_arc(&store, &os, &data, 16 << 10);
     let before = store.cache().arc().stats();
     // Four readers take the stream's 1 MiB pieces in turn, so reads arrive a little out
     // of order and overlap, as a target's queue of commands delivers them.
