@@ -468,7 +468,7 @@ impl Service {
 
     /// The status of one open pool, with its scan and errors.
     pub fn report(&self, o: &Opened) -> PoolReport {
-        let errors = o
+        let errors: Vec<String> = o
             .store
             .scan_errors()
             .into_iter()
@@ -486,8 +486,23 @@ impl Service {
                 Some("none".to_string())
             }
         };
+        let mut status = o.pool.status();
+        if !errors.is_empty() && status.suspended.is_none() {
+            // As zpool status says it: permanent errors outrank a degraded pool and
+            // errors that redundancy repaired.
+            status.status = Some(
+                "One or more devices has experienced an error resulting in data corruption. \
+                 Applications may be affected."
+                    .to_string(),
+            );
+            status.action = Some(
+                "Restore the files in question from a backup or a snapshot if possible; \
+                 otherwise restore the pool. The list below names them."
+                    .to_string(),
+            );
+        }
         PoolReport {
-            status: o.pool.status(),
+            status,
             scan: ScanReport {
                 status: scan,
                 runner,

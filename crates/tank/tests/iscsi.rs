@@ -834,3 +834,80 @@ fn linux_kernel_initiator() {
         std::panic::resume_unwind(e);
     }
 }
+
+#[test]
+fn a_block_the_pool_cannot_read_is_a_medium_error_and_the_rest_still_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // One disk, so that a damaged data block has no second copy to heal from (metadata
+    // keeps its extra copies and the pool still imports).
+    let disk = dir.path().join("d0");
+    tank(
+        &data,
+        &[
+            "pool",
+            "create",
+            "--size",
+            "256M",
+            "tank",
+            disk.to_str().unwrap(),
+        ],
+    );
+    let iqn = "iqn.2026-11.org.tank:damaged";
+    let d = serve(&data);
+    volume(&data, "tank/vol", "64M", iqn, &[]);
+    let mut ini = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:damaged").unwrap();
+    // 1 MiB of random data (nothing for compression to take), made durable.
+    let pattern = Rng(77).bytes(1 << 20);
+    let r = ini.cmd(0, &write16(0, 2048, true), &pattern, 0).unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(ini.cmd(0, &SYNC_CACHE10, &[], 0).unwrap().status, 0);
+    drop(ini);
+    drop(d);
+    // Damage, on the disk, every 4 KiB piece of the volume's first 64 KiB (its first four
+    // 16K blocks): one byte inverted in each place the piece is found.
+    let first: std::collections::HashSet<&[u8]> = pattern[..65536].chunks(4096).collect();
+    let mut image = std::fs::read(&disk).unwrap();
+    let mut damaged = 0;
+    for piece in image.chunks_mut(4096) {
+        if first.contains(&piece[..]) {
+            piece[100] ^= 0xff;
+            damaged += 1;
+        }
+    }
+    assert!(
+        damaged >= 16,
+        "only {damaged} pieces of the data found on the disk"
+    );
+    std::fs::write(&disk, &image).unwrap();
+    drop(image);
+
+    let d = serve(&data);
+    let mut ini = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:reader").unwrap();
+    // The damaged range: CHECK CONDITION, MEDIUM ERROR, UNRECOVERED READ ERROR; never data.
+    for (lba, blocks) in [(0u64, 128u32), (40, 8), (0, 2048)] {
+        let r = ini.cmd(0, &read16(lba, blocks), &[], blocks * 512).unwrap();
+        assert_eq!(
+            r.status, 2,
+            "reading {blocks} blocks at {lba} is not refused"
+        );
+        assert_eq!(
+            r.sense,
+            Some((0x3, 0x11, 0x00)),
+            "reading {blocks} blocks at {lba}"
+        );
+    }
+    // The rest of the volume reads back whole.
+    let r = ini
+        .cmd(0, &read16(128, 2048 - 128), &[], (2048 - 128) * 512)
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert!(r.data == pattern[65536..], "the undamaged data changed");
+    // The pool says what it found.
+    let status = tank(&data, &["pool", "status", "-v", "tank"]);
+    assert!(
+        status.contains("tank/vol:") && status.contains("Applications may be affected"),
+        "pool status does not report the damage:\n{status}"
+    );
+    eprintln!("{damaged} damaged pieces; reads of them answered MEDIUM ERROR\n{status}");
+}
