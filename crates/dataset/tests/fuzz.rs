@@ -103,11 +103,20 @@ fn cargo_fuzz(args: &[&str]) -> Option<std::process::Output> {
         .arg("fuzz")
         .args(args)
         .current_dir(fuzz_dir())
-        // The campaign builds its own target directory inside fuzz/, with its own flags.
+        // The campaign builds with its own flags, in its own target directory (below).
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("RUSTFLAGS")
         .output()
         .ok()
+}
+
+/// Where the campaign builds: beside the suite's own build when that is kept outside the
+/// repository (`CARGO_TARGET_DIR`, as `.ci/run` sets it), so that a machine that keeps it
+/// warm does not build the targets from nothing each run; else cargo fuzz's own directory
+/// inside `fuzz/`.
+fn fuzz_target_dir() -> Option<String> {
+    let dir = std::env::var_os("CARGO_TARGET_DIR")?;
+    Some(Path::new(&dir).join("fuzz").to_string_lossy().into_owned())
 }
 
 #[test]
@@ -122,10 +131,14 @@ fn each_target_survives_a_short_fuzzing_campaign() {
     }
     // No sanitizer (the code under test is safe Rust; the coverage is what matters), with
     // debug assertions, so an arithmetic overflow is a crash.
-    let flags = ["-s", "none", "-a", "-O"];
+    let target_dir = fuzz_target_dir();
+    let mut flags = vec!["-s", "none", "-a", "-O"];
+    if let Some(t) = &target_dir {
+        flags.extend(["--target-dir", t.as_str()]);
+    }
     let started = Instant::now();
     let mut build = vec!["build"];
-    build.extend(flags);
+    build.extend(&flags);
     let out = cargo_fuzz(&build).expect("cargo fuzz build");
     assert!(
         out.status.success(),
@@ -133,49 +146,74 @@ fn each_target_survives_a_short_fuzzing_campaign() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("built in {:.0} s", started.elapsed().as_secs_f64());
+    // Two targets at a time (each fuzzer is one process on one core; the machine has two).
     let time = format!("-max_total_time={SECONDS}");
-    let mut report = Vec::new();
-    for (name, _) in TARGETS {
-        let mut run = vec!["run"];
-        run.extend(flags);
-        run.extend([
-            name,
-            "--",
-            &time,
-            "-rss_limit_mb=2048",
-            "-print_final_stats=1",
-        ]);
-        let out = cargo_fuzz(&run).expect("cargo fuzz run");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "{name}: the fuzzer found a crash (saved under fuzz/artifacts/{name}/; add it to \
-             fuzz/regressions/{name}/ once fixed):\n{}",
-            err.lines()
-                .rev()
-                .take(60)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        let stat = |key: &str| {
-            err.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim_start_matches(':').trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let (execs, cov) = (stat("stat::number_of_executed_units"), {
-            // The last status line's "cov: N".
-            err.lines()
-                .rev()
-                .find_map(|l| l.split("cov: ").nth(1))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                .unwrap_or(0)
-        });
-        assert!(execs > 0, "{name}: no input was run:\n{err}");
-        report.push(format!("{name}: {execs} executions, coverage {cov}"));
-    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let report = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((name, _)) = TARGETS.get(i) else {
+                        return;
+                    };
+                    let mut run = vec!["run"];
+                    run.extend(&flags);
+                    run.extend([
+                        name,
+                        "--",
+                        &time,
+                        "-rss_limit_mb=2048",
+                        "-print_final_stats=1",
+                    ]);
+                    let line = campaign(name, &cargo_fuzz(&run).expect("cargo fuzz run"));
+                    report.lock().unwrap().push(line);
+                })
+            })
+            .collect();
+        for w in workers {
+            if let Err(panic) = w.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    let mut report = report.into_inner().unwrap();
+    report.sort();
+    assert_eq!(report.len(), TARGETS.len());
     eprintln!("{}", report.join("\n"));
+}
+
+/// Checks one target's campaign: no crash, inputs run. Its line of the report.
+fn campaign(name: &str, out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{name}: the fuzzer found a crash (saved under fuzz/artifacts/{name}/; add it to \
+         fuzz/regressions/{name}/ once fixed):\n{}",
+        err.lines()
+            .rev()
+            .take(60)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let stat = |key: &str| {
+        err.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim_start_matches(':').trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let execs = stat("stat::number_of_executed_units");
+    // The last status line's "cov: N".
+    let cov = err
+        .lines()
+        .rev()
+        .find_map(|l| l.split("cov: ").nth(1))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(execs > 0, "{name}: no input was run:\n{err}");
+    format!("{name}: {execs} executions, coverage {cov}")
 }
