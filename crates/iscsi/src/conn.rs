@@ -1026,6 +1026,16 @@ impl Session {
         let peer_max = self.params.peer_max_recv_data;
         let max_burst = self.params.max_burst;
         let stats = self.shared.stats.clone();
+        // The units an EXTENDED COPY may name: those this session sees.
+        let peers: Vec<Arc<Lu>> = if cdb[0] == 0x83 {
+            self.target
+                .read()
+                .visible(&self.params.initiator_name, self.chap_user.as_deref())
+                .into_values()
+                .collect()
+        } else {
+            Vec::new()
+        };
         tokio::spawn(async move {
             let began = Instant::now();
             let op = match cdb[0] {
@@ -1033,17 +1043,19 @@ impl Session {
                 0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e | 0x9c | 0x89 | 0x8b => "write",
                 0x35 | 0x91 => "sync",
                 0x42 | 0x41 | 0x93 => "unmap",
+                0x83 => "copy",
                 _ => "other",
             };
             let cdb2 = cdb.clone();
-            let reply = tokio::task::spawn_blocking(move || lu.execute(&nexus, &cdb2, &data))
-                .await
-                .unwrap_or_else(|_| scsi::Reply {
-                    status: sense::CHECK_CONDITION,
-                    sense: Sense::new(sense::HARDWARE_ERROR, sense::INTERNAL_TARGET_FAILURE)
-                        .encode(false),
-                    data: Vec::new(),
-                });
+            let reply =
+                tokio::task::spawn_blocking(move || lu.execute(&nexus, &cdb2, &data, &peers))
+                    .await
+                    .unwrap_or_else(|_| scsi::Reply {
+                        status: sense::CHECK_CONDITION,
+                        sense: Sense::new(sense::HARDWARE_ERROR, sense::INTERNAL_TARGET_FAILURE)
+                            .encode(false),
+                        data: Vec::new(),
+                    });
             stats
                 .op("iscsi", op)
                 .record(began.elapsed(), reply.status != sense::GOOD);

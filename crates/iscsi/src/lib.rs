@@ -12,7 +12,8 @@
 //!   Data-In, task management, keepalive, session reinstatement;
 //! - `target.rs`: the targets and their LUNs, built from the share registry;
 //! - `scsi.rs`, `sense.rs`, `reserve.rs`: the SCSI block device (SPC-4, SBC-3) on a volume,
-//!   its sense data and its reservations.
+//!   its sense data and its reservations;
+//! - `xcopy.rs`: the copy manager (EXTENDED COPY, RECEIVE COPY RESULTS).
 //!
 //! docs/ISCSI.md has the feature matrix.
 
@@ -24,6 +25,7 @@ pub mod scsi;
 pub mod sense;
 pub mod target;
 pub mod text;
+pub mod xcopy;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -19,7 +19,7 @@
 //! intent log first. An initiator that turns the write cache off (WCE=0) gets FUA on every
 //! write. `sync=always` on the volume makes every write durable, `sync=disabled` none.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -29,6 +29,7 @@ use tank_service::handles::Hold;
 
 use crate::reserve::{self, Access, Reservations};
 use crate::sense::{self, Sense};
+use crate::xcopy::{self, CopyList, Held};
 
 /// The logical block size initiators see.
 pub const BLOCK: u64 = 512;
@@ -123,6 +124,8 @@ struct State {
     seen: std::collections::HashSet<String>,
     modes: Modes,
     reservations: Reservations,
+    /// EXTENDED COPY results held for RECEIVE COPY RESULTS, per I_T nexus.
+    copies: HashMap<String, VecDeque<Held>>,
 }
 
 /// One logical unit: a held volume and its SCSI state.
@@ -168,6 +171,7 @@ impl Lu {
                     swp: false,
                 },
                 reservations: Reservations::default(),
+                copies: HashMap::new(),
             }),
         }
     }
@@ -210,7 +214,9 @@ impl Lu {
 
     /// An I_T nexus ended.
     pub fn nexus_lost(&self, nexus: &str) {
-        self.state.lock().reservations.nexus_lost(nexus);
+        let mut st = self.state.lock();
+        st.reservations.nexus_lost(nexus);
+        st.copies.remove(nexus);
     }
 
     /// LUN RESET or a target reset: reservations of SPC-2 go, and every nexus that used
@@ -224,10 +230,11 @@ impl Lu {
         self.state.lock().modes.d_sense
     }
 
-    /// Runs one command of `nexus`.
-    pub fn execute(&self, nexus: &str, cdb: &[u8], data_out: &[u8]) -> Reply {
+    /// Runs one command of `nexus`. `peers` are the units the session may see, which an
+    /// EXTENDED COPY may name as its copy targets.
+    pub fn execute(&self, nexus: &str, cdb: &[u8], data_out: &[u8], peers: &[Arc<Lu>]) -> Reply {
         let d_sense = self.descriptor_sense();
-        let r = self.run(nexus, cdb, data_out);
+        let r = self.run(nexus, cdb, data_out, peers);
         match r {
             Ok((status, data)) => Reply {
                 status,
@@ -257,7 +264,13 @@ impl Lu {
         }
     }
 
-    fn run(&self, nexus: &str, cdb: &[u8], data_out: &[u8]) -> Res<(u8, Vec<u8>)> {
+    fn run(
+        &self,
+        nexus: &str,
+        cdb: &[u8],
+        data_out: &[u8],
+        peers: &[Arc<Lu>],
+    ) -> Res<(u8, Vec<u8>)> {
         let op = cdb[0];
         if cdb_len(op).is_some_and(|n| cdb.len() < n) {
             return Err(illegal(sense::INVALID_OPCODE));
@@ -334,6 +347,8 @@ impl Lu {
             0x5e => self.pr_in(nexus, cdb),
             0x5f => self.pr_out(nexus, cdb, data_out),
             0xa3 if cdb[1] & 0x1f == 0x0c => self.report_opcodes(cdb),
+            0x83 => self.extended_copy(nexus, cdb, data_out, peers),
+            0x84 => self.receive_copy_results(nexus, cdb),
             _ => Err(illegal(sense::INVALID_OPCODE)),
         }
     }
@@ -372,9 +387,10 @@ impl Lu {
         }
         let page = cdb[2];
         let body: Vec<u8> = match page {
-            0x00 => vec![0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2],
+            0x00 => vec![0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2],
             0x80 => self.serial.as_bytes().to_vec(),
             0x83 => self.device_identification(),
+            0x8f => xcopy::third_party_copy_page(),
             0xb0 => self.block_limits(),
             0xb1 => {
                 // Medium rotation rate and form factor not reported.
@@ -395,6 +411,7 @@ impl Lu {
         d[2] = 0x06; // SPC-4
         d[3] = 0x12; // HiSup, response data format 2
         d[4] = (d.len() - 5) as u8;
+        d[5] = 0x08; // 3PC: a copy manager (EXTENDED COPY)
         d[7] = 0x02; // CmdQue
         d[8..16].copy_from_slice(VENDOR);
         d[16..32].copy_from_slice(PRODUCT);
@@ -1105,6 +1122,166 @@ impl Lu {
         }
     }
 
+    /// Whether a copy target descriptor names this unit (by its NAA or T10 designator).
+    fn named_by(&self, t: &xcopy::Target) -> bool {
+        match t.kind {
+            3 => t.designator == self.naa,
+            1 => {
+                t.designator.len() == VENDOR.len() + self.serial.len()
+                    && t.designator.starts_with(VENDOR)
+                    && t.designator.ends_with(self.serial.as_bytes())
+            }
+            _ => false,
+        }
+    }
+
+    /// EXTENDED COPY (LID1): every segment of the list, in order (`xcopy.rs`).
+    fn extended_copy(
+        &self,
+        nexus: &str,
+        cdb: &[u8],
+        data: &[u8],
+        peers: &[Arc<Lu>],
+    ) -> Res<(u8, Vec<u8>)> {
+        if cdb[1] & 0x1f != 0 {
+            // LID4 (list identifiers of four bytes, ROD tokens) is not implemented.
+            return Err(bad_cdb(1, Some(4)));
+        }
+        let len = be32(&cdb[10..14]) as usize;
+        if data.len() < len {
+            return Err(illegal(sense::PARAM_LIST_LENGTH));
+        }
+        let Some(list) = xcopy::parse(&data[..len])? else {
+            return Ok((sense::GOOD, Vec::new()));
+        };
+        let mut done = 0u16;
+        let mut bytes = 0u64;
+        let mut result = Ok(());
+        for (i, seg) in list.segments.iter().enumerate() {
+            result = self.copy_segment(nexus, &list, seg, i, peers, &mut bytes);
+            if result.is_err() {
+                break;
+            }
+            done += 1;
+        }
+        if list.held {
+            let mut st = self.state.lock();
+            let q = st.copies.entry(nexus.to_string()).or_default();
+            q.retain(|h| h.list_id != list.list_id);
+            if q.len() >= xcopy::HELD_RESULTS {
+                q.pop_front();
+            }
+            q.push_back(Held {
+                list_id: list.list_id,
+                good: result.is_ok(),
+                segments_done: done,
+                bytes,
+            });
+        }
+        result.map(|()| (sense::GOOD, Vec::new()))
+    }
+
+    /// One block-to-block segment: both units resolved among this one and `peers`, both
+    /// ranges checked, then the blocks copied in pieces of at most 1 MiB (back to front
+    /// when the destination overlaps the source from above).
+    fn copy_segment(
+        &self,
+        nexus: &str,
+        list: &CopyList,
+        seg: &xcopy::Segment,
+        i: usize,
+        peers: &[Arc<Lu>],
+        bytes: &mut u64,
+    ) -> Res<()> {
+        let abort = |asc| Failure::Check(xcopy::aborted(asc, i));
+        let unit = |index: u16| -> Res<&Lu> {
+            let t = list
+                .targets
+                .get(usize::from(index))
+                .ok_or_else(|| abort(xcopy::UNREACHABLE_TARGET))?;
+            if self.named_by(t) {
+                return Ok(self);
+            }
+            peers
+                .iter()
+                .find(|l| l.named_by(t))
+                .map(|l| l.as_ref())
+                .ok_or_else(|| abort(xcopy::TARGET_NOT_REACHABLE))
+        };
+        let (src, dst) = (unit(seg.src)?, unit(seg.dst)?);
+        let src_vol = src
+            .volume()
+            .map_err(|_| abort(xcopy::TARGET_NOT_REACHABLE))?;
+        let dst_vol = dst
+            .volume()
+            .map_err(|_| abort(xcopy::TARGET_NOT_REACHABLE))?;
+        // The other units' reservations count as this one's do.
+        for (u, access) in [(src, Access::Read), (dst, Access::Write)] {
+            if !std::ptr::eq(u, self) && !u.state.lock().reservations.access(nexus, access, 0x83) {
+                return Err(Failure::Conflict);
+            }
+        }
+        dst.writable(&dst_vol)?;
+        let fits = |vol: &Volume, lba: u64| {
+            lba.checked_add(seg.blocks)
+                .is_some_and(|end| end <= vol.size() / BLOCK)
+        };
+        if !fits(&src_vol, seg.src_lba) || !fits(&dst_vol, seg.dst_lba) {
+            return Err(abort(xcopy::NO_ADDITIONAL));
+        }
+        let durable = !dst.state.lock().modes.wce;
+        let piece = 2048u64;
+        let pieces = seg.blocks.div_ceil(piece);
+        let backwards = std::ptr::eq(src, dst)
+            && seg.dst_lba > seg.src_lba
+            && seg.dst_lba < seg.src_lba + seg.blocks;
+        let failed = |e: Errno, write: bool| match Self::io_error(e, write) {
+            Failure::Check(s) => Failure::Check(xcopy::aborted(s.asc, i)),
+            other => other,
+        };
+        for k in 0..pieces {
+            let k = if backwards { pieces - 1 - k } else { k };
+            let first = k * piece;
+            let n = piece.min(seg.blocks - first);
+            let data = src_vol
+                .read((seg.src_lba + first) * BLOCK, (n * BLOCK) as usize)
+                .map_err(|e| failed(e, false))?;
+            let off = (seg.dst_lba + first) * BLOCK;
+            let r = if durable {
+                dst_vol.write_durable(off, &data)
+            } else {
+                dst_vol.write(off, &data)
+            };
+            r.map_err(|e| failed(e, true))?;
+            *bytes += n * BLOCK;
+        }
+        Ok(())
+    }
+
+    /// RECEIVE COPY RESULTS: OPERATING PARAMETERS, and COPY STATUS of a held list (which
+    /// is then let go, as its copy has ended).
+    fn receive_copy_results(&self, nexus: &str, cdb: &[u8]) -> Res<(u8, Vec<u8>)> {
+        let alloc = be32(&cdb[10..14]) as usize;
+        match cdb[1] & 0x1f {
+            0x03 => Ok((sense::GOOD, cut(xcopy::operating_parameters(), alloc))),
+            0x00 => {
+                let mut st = self.state.lock();
+                let q = st.copies.get_mut(nexus);
+                let at = q
+                    .as_ref()
+                    .and_then(|q| q.iter().position(|h| h.list_id == cdb[2]));
+                match (q, at) {
+                    (Some(q), Some(at)) => {
+                        let h = q.remove(at).expect("found");
+                        Ok((sense::GOOD, cut(xcopy::copy_status(&h), alloc)))
+                    }
+                    _ => Err(bad_cdb(2, None)),
+                }
+            }
+            _ => Err(bad_cdb(1, Some(4))),
+        }
+    }
+
     fn report_opcodes(&self, cdb: &[u8]) -> Res<(u8, Vec<u8>)> {
         let rctd = cdb[2] & 0x80 != 0;
         let options = cdb[2] & 0x07;
@@ -1407,6 +1584,27 @@ const SUPPORTED: &[Supported] = &[
         0xb7,
         &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x07],
     ),
+    op_sa(
+        0x83,
+        0x00,
+        &[
+            0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x07,
+        ],
+    ),
+    op_sa(
+        0x84,
+        0x00,
+        &[
+            0x84, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x07,
+        ],
+    ),
+    op_sa(
+        0x84,
+        0x03,
+        &[
+            0x84, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x07,
+        ],
+    ),
 ];
 
 /// How many bytes of data-out a command carries by its CDB, when the connection must
@@ -1439,6 +1637,7 @@ pub fn data_out_len(cdb: &[u8]) -> Option<u64> {
         0x15 => u64::from(cdb[4]),
         0x55 => u64::from(be16(&cdb[7..9])),
         0x5f => u64::from(be32(&cdb[5..9])),
+        0x83 => u64::from(be32(&cdb[10..14])),
         _ => return None,
     };
     Some(n)

@@ -13,6 +13,7 @@ pub const HARDWARE_ERROR: u8 = 0x4;
 pub const ILLEGAL_REQUEST: u8 = 0x5;
 pub const UNIT_ATTENTION: u8 = 0x6;
 pub const DATA_PROTECT: u8 = 0x7;
+pub const COPY_ABORTED: u8 = 0xa;
 pub const ABORTED_COMMAND: u8 = 0xb;
 pub const MISCOMPARE: u8 = 0xe;
 

@@ -169,6 +169,9 @@ fn libiscsi_conformance_suite_against_tgt() {
     assert_eq!(ours.ran, 230, "{out}");
     assert_eq!(ours.failed, 0, "{out}");
     assert_eq!(ours.passed, 230);
+    // Every command the suite tries is implemented (none answered INVALID COMMAND
+    // OPERATION CODE).
+    assert_eq!(ours.not_implemented, 0, "{out}");
     match start_tgt(&dir.path().join("tgt.img"), 256 << 20) {
         Err(why) => common::skip(
             "libiscsi_conformance_suite_against_tgt (tgt's run)",
@@ -910,4 +913,131 @@ fn a_block_the_pool_cannot_read_is_a_medium_error_and_the_rest_still_reads() {
         "pool status does not report the damage:\n{status}"
     );
     eprintln!("{damaged} damaged pieces; reads of them answered MEDIUM ERROR\n{status}");
+}
+
+/// The NAA designator a LUN reports in INQUIRY page 83h.
+fn naa_of(ini: &mut Initiator, lun: u8) -> Vec<u8> {
+    let r = ini.cmd(lun, &[0x12, 1, 0x83, 0, 255, 0], &[], 255).unwrap();
+    assert_eq!(r.status, 0);
+    // Page header (4), then the first designation descriptor: NAA, 8 bytes.
+    assert_eq!(r.data[5] & 0x0f, 3, "the first designator is not an NAA");
+    r.data[8..8 + usize::from(r.data[7])].to_vec()
+}
+
+/// An EXTENDED COPY (LID1) CDB and parameter list: copy targets named by NAA, one
+/// block-to-block segment (source index, destination index, blocks, source LBA,
+/// destination LBA), results held under `list_id`.
+fn xcopy(list_id: u8, targets: &[&[u8]], seg: (u16, u16, u16, u64, u64)) -> ([u8; 16], Vec<u8>) {
+    let mut tl = Vec::new();
+    for naa in targets {
+        let mut t = vec![0u8; 32];
+        t[0] = 0xe4;
+        t[4] = 0x01; // binary
+        t[5] = 0x03; // NAA, associated with the logical unit
+        t[7] = naa.len() as u8;
+        t[8..8 + naa.len()].copy_from_slice(naa);
+        t[29..32].copy_from_slice(&[0, 2, 0]); // 512-byte blocks
+        tl.extend_from_slice(&t);
+    }
+    let mut s = vec![0u8; 28];
+    s[0] = 0x02;
+    s[2..4].copy_from_slice(&0x18u16.to_be_bytes());
+    s[4..6].copy_from_slice(&seg.0.to_be_bytes());
+    s[6..8].copy_from_slice(&seg.1.to_be_bytes());
+    s[10..12].copy_from_slice(&seg.2.to_be_bytes());
+    s[12..20].copy_from_slice(&seg.3.to_be_bytes());
+    s[20..28].copy_from_slice(&seg.4.to_be_bytes());
+    let mut p = vec![0u8; 16];
+    p[0] = list_id;
+    p[2..4].copy_from_slice(&(tl.len() as u16).to_be_bytes());
+    p[8..12].copy_from_slice(&(s.len() as u32).to_be_bytes());
+    p.extend_from_slice(&tl);
+    p.extend_from_slice(&s);
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x83;
+    cdb[10..14].copy_from_slice(&(p.len() as u32).to_be_bytes());
+    (cdb, p)
+}
+
+#[test]
+fn extended_copy_between_luns_and_within_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = serve(&data);
+    let iqn = "iqn.2026-11.org.tank:copies";
+    let other = "iqn.2026-11.org.tank:elsewhere";
+    volume(&data, "tank/a", "64M", iqn, &[]);
+    volume(&data, "tank/b", "64M", iqn, &["lun=1"]);
+    volume(&data, "tank/ro", "64M", iqn, &["lun=2", "ro=on"]);
+    volume(&data, "tank/c", "64M", other, &[]);
+    let mut ini = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:copier").unwrap();
+    let (a, b, ro) = (
+        naa_of(&mut ini, 0),
+        naa_of(&mut ini, 1),
+        naa_of(&mut ini, 2),
+    );
+    let c = {
+        let mut o = Initiator::login(&d.addr, other, "iqn.2026-11.org.test:other").unwrap();
+        naa_of(&mut o, 0)
+    };
+    let pattern = Rng(31).bytes(1 << 20);
+    assert_eq!(
+        ini.cmd(0, &write16(0, 2048, false), &pattern, 0)
+            .unwrap()
+            .status,
+        0
+    );
+    // Sent to LUN 0, from LUN 0 to LUN 1 of the same target.
+    let (cdb, p) = xcopy(5, &[&a, &b], (0, 1, 2048, 0, 4096));
+    let r = ini.cmd(0, &cdb, &p, 0).unwrap();
+    assert_eq!((r.status, r.sense), (0, None));
+    let r = ini.cmd(1, &read16(4096, 2048), &[], 1 << 20).unwrap();
+    assert!(r.data == pattern, "LUN 1 does not hold the copy");
+    // Its results, held under list 5: completed, 1,024 KiB; then let go.
+    let mut rcr = [0u8; 16];
+    rcr[0] = 0x84;
+    rcr[2] = 5;
+    rcr[10..14].copy_from_slice(&1024u32.to_be_bytes());
+    let r = ini.cmd(0, &rcr, &[], 1024).unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(r.data[4], 0x01, "copy status: {:?}", r.data);
+    assert_eq!(&r.data[5..7], &[0, 1]);
+    assert_eq!(&r.data[8..12], &1024u32.to_be_bytes());
+    assert_eq!(ini.cmd(0, &rcr, &[], 1024).unwrap().status, 2);
+    // Within LUN 0, onto an overlapping range above the source: the source as it was.
+    let (cdb, p) = xcopy(6, &[&a], (0, 0, 2048, 0, 512));
+    assert_eq!(ini.cmd(0, &cdb, &p, 0).unwrap().status, 0);
+    let r = ini.cmd(0, &read16(0, 2560), &[], 2560 * 512).unwrap();
+    assert!(r.data[..512 * 512] == pattern[..512 * 512]);
+    assert!(
+        r.data[512 * 512..] == pattern[..],
+        "an overlapping copy read what it wrote"
+    );
+    // Onto a read-only LUN: write protected, nothing written.
+    let (cdb, p) = xcopy(7, &[&a, &ro], (0, 1, 8, 0, 0));
+    let r = ini.cmd(0, &cdb, &p, 0).unwrap();
+    assert_eq!((r.status, r.sense), (2, Some((0x7, 0x27, 0))));
+    let r = ini.cmd(2, &read16(0, 8), &[], 4096).unwrap();
+    assert!(r.data.iter().all(|x| *x == 0));
+    // A unit of another target, which this session cannot see: not reachable, untouched.
+    let (cdb, p) = xcopy(8, &[&a, &c], (0, 1, 8, 0, 0));
+    let r = ini.cmd(0, &cdb, &p, 0).unwrap();
+    assert_eq!((r.status, r.sense), (2, Some((0xa, 0x0d, 0x02))));
+    let mut o = Initiator::login(&d.addr, other, "iqn.2026-11.org.test:other2").unwrap();
+    let r = o.cmd(0, &read16(0, 8), &[], 4096).unwrap();
+    assert!(
+        r.data.iter().all(|x| *x == 0),
+        "another target's LUN was written"
+    );
+    // Past the end of the destination: COPY ABORTED, and the held status says it failed.
+    let (cdb, p) = xcopy(9, &[&a, &b], (0, 1, 16, 0, (64 << 20) / 512 - 8));
+    let r = ini.cmd(0, &cdb, &p, 0).unwrap();
+    assert_eq!(r.status, 2);
+    assert_eq!(r.sense.map(|s| s.0), Some(0xa));
+    rcr[2] = 9;
+    let r = ini.cmd(0, &rcr, &[], 1024).unwrap();
+    assert_eq!(
+        (r.status, r.data[4], &r.data[5..7]),
+        (0, 0x02, &[0u8, 0][..])
+    );
 }
