@@ -8,8 +8,10 @@
 //! the generation counter and the SPC-2 reservation, and answers [`Reservations::access`]
 //! for every command: allowed, or RESERVATION CONFLICT, by SPC-4's tables for each
 //! reservation type. Registrations and reservations live in memory: they survive the loss
-//! of an I_T nexus and resets, not a restart of the target (APTPL is not offered, as
-//! REPORT CAPABILITIES says).
+//! of an I_T nexus and resets. When the last REGISTER asked for it (APTPL, "activate
+//! persist through power loss"), the unit also keeps them in a file ([`Reservations::encode`],
+//! saved by `scsi.rs` before a change is answered), and a restarted target starts from it;
+//! a REGISTER without APTPL removes the file. SPC-2 reservations never persist.
 
 use crate::sense::{self, Sense};
 
@@ -46,8 +48,10 @@ struct Held {
 /// A unit attention for other nexuses, raised by a change here.
 pub type Attention = (String, sense::Asc);
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Reservations {
+    /// Persist through power loss: set by the last REGISTER.
+    aptpl: bool,
     generation: u32,
     regs: Vec<Registration>,
     res: Option<Held>,
@@ -169,10 +173,6 @@ impl Reservations {
         aptpl: bool,
     ) -> Outcome {
         use Outcome::*;
-        if aptpl && matches!(sa, 0 | 6) {
-            // Persist through power loss is not offered (PTPL_C is 0).
-            return Check(Sense::param_field(20));
-        }
         let mine = self.key_of(nexus);
         match sa {
             // REGISTER, REGISTER AND IGNORE EXISTING KEY
@@ -184,6 +184,8 @@ impl Reservations {
                         _ => {}
                     }
                 }
+                // The last successful REGISTER decides whether the state persists.
+                self.aptpl = aptpl;
                 if mine.is_none() && sa_key == 0 {
                     return Good(Vec::new());
                 }
@@ -379,9 +381,10 @@ impl Reservations {
                     }
                 }
             }
-            // REPORT CAPABILITIES: no SPEC_I_PT, ALL_TG_PT or PTPL; the type mask is valid.
+            // REPORT CAPABILITIES: CRH and PTPL_C, no SPEC_I_PT or ALL_TG_PT; the type
+            // mask is valid; PTPL_A as the last REGISTER set it.
             2 => {
-                out.extend_from_slice(&[0, 8, 0x10, 0x80]);
+                out.extend_from_slice(&[0, 8, 0x11, 0x80 | u8::from(self.aptpl)]);
                 // WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; then EX_AC_AR.
                 out.extend_from_slice(&[0xea, 0x01, 0, 0]);
             }
@@ -413,6 +416,83 @@ impl Reservations {
             _ => return Err(Sense::cdb_field(1, Some(4))),
         }
         Ok(out)
+    }
+}
+
+impl Reservations {
+    /// Whether the state persists through a restart (APTPL).
+    pub fn persists(&self) -> bool {
+        self.aptpl
+    }
+
+    /// The persistent part, as kept in its file: registrations, the reservation and the
+    /// generation (the SPC-2 reservation is not kept).
+    pub fn encode(&self) -> String {
+        let mut s = format!(
+            "tank persistent reservations 1\ngeneration {}\n",
+            self.generation
+        );
+        for r in &self.regs {
+            s.push_str(&format!("registration {:016x} {}\n", r.key, r.nexus));
+        }
+        if let Some(h) = &self.res {
+            s.push_str(&format!("reservation {} {}\n", h.kind, h.holder));
+        }
+        s
+    }
+
+    /// The state a file kept (persisting, as it was kept because APTPL was set).
+    pub fn decode(text: &str) -> Result<Reservations, String> {
+        let mut lines = text.lines();
+        if lines.next() != Some("tank persistent reservations 1") {
+            return Err("not a persistent reservations file of this version".into());
+        }
+        let mut r = Reservations {
+            aptpl: true,
+            ..Reservations::default()
+        };
+        let name = |n: &str| -> Result<String, String> {
+            if n.is_empty() || n.contains(char::is_whitespace) {
+                return Err(format!("bad nexus name {n:?}"));
+            }
+            Ok(n.to_string())
+        };
+        for line in lines {
+            let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+            match word {
+                "generation" => {
+                    r.generation = rest.parse().map_err(|_| format!("bad line {line:?}"))?;
+                }
+                "registration" => {
+                    let (key, nexus) = rest.split_once(' ').ok_or(format!("bad line {line:?}"))?;
+                    let key =
+                        u64::from_str_radix(key, 16).map_err(|_| format!("bad line {line:?}"))?;
+                    r.regs.push(Registration {
+                        nexus: name(nexus)?,
+                        key,
+                    });
+                }
+                "reservation" => {
+                    let (kind, holder) =
+                        rest.split_once(' ').ok_or(format!("bad line {line:?}"))?;
+                    let kind: u8 = kind.parse().map_err(|_| format!("bad line {line:?}"))?;
+                    if !matches!(kind, 1 | 3 | 5 | 6 | 7 | 8) {
+                        return Err(format!("bad reservation type {kind}"));
+                    }
+                    r.res = Some(Held {
+                        holder: name(holder)?,
+                        kind,
+                    });
+                }
+                _ => return Err(format!("bad line {line:?}")),
+            }
+        }
+        if let Some(h) = &r.res {
+            if r.key_of(&h.holder).is_none() {
+                return Err("the reservation's holder is not registered".into());
+            }
+        }
+        Ok(r)
     }
 }
 
@@ -462,6 +542,46 @@ mod tests {
         assert_eq!(&keys[8..16], &2u64.to_be_bytes());
         assert_eq!(r.out("b", 3, 0, 2, 0, false), Outcome::Good(vec![]));
         assert!(r.access("a", Access::Write, 0x2a));
+    }
+
+    #[test]
+    fn aptpl_state_round_trips_and_bad_files_are_refused() {
+        let mut r = Reservations::default();
+        assert!(matches!(
+            r.out("a,i,0x1", 0, 0, 0, 7, true),
+            Outcome::Good(_)
+        ));
+        assert!(matches!(
+            r.out("b,i,0x2", 0, 0, 0, 9, true),
+            Outcome::Good(_)
+        ));
+        assert!(matches!(
+            r.out("a,i,0x1", 1, 1, 7, 0, false),
+            Outcome::Good(_)
+        ));
+        assert!(r.persists());
+        let back = Reservations::decode(&r.encode()).unwrap();
+        assert_eq!(back.encode(), r.encode());
+        assert!(back.persists());
+        assert!(!back.access("b,i,0x2", Access::Write, 0x2a));
+        assert!(back.access("a,i,0x1", Access::Write, 0x2a));
+        // A REGISTER without APTPL turns it off.
+        assert!(matches!(
+            r.out("b,i,0x2", 0, 0, 9, 9, false),
+            Outcome::Good(_)
+        ));
+        assert!(!r.persists());
+        for bad in [
+            "",
+            "tank persistent reservations 2\n",
+            "tank persistent reservations 1\ngeneration x\n",
+            "tank persistent reservations 1\nregistration zz a\n",
+            "tank persistent reservations 1\nreservation 2 a\n",
+            "tank persistent reservations 1\nreservation 1 a\n",
+            "tank persistent reservations 1\nsomething\n",
+        ] {
+            assert!(Reservations::decode(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

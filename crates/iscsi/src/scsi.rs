@@ -139,6 +139,8 @@ pub struct Lu {
     naa: [u8; 8],
     serial: String,
     state: Mutex<State>,
+    /// Where the persistent reservations are kept when an initiator asks (APTPL).
+    pr_file: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 /// The data-in of `reply` cut to the allocation length the CDB gave.
@@ -162,6 +164,7 @@ impl Lu {
             readonly,
             naa,
             serial,
+            pr_file: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 attentions: HashMap::new(),
                 seen: Default::default(),
@@ -174,6 +177,56 @@ impl Lu {
                 copies: HashMap::new(),
             }),
         }
+    }
+
+    /// The unit's serial number (INQUIRY page 80h): the same at every start.
+    pub fn serial(&self) -> &str {
+        &self.serial
+    }
+
+    /// Keeps this unit's persistent reservations in `path` when an initiator asks for it
+    /// (APTPL), and starts from what the file holds. A file that cannot be read is an
+    /// error, not an empty state: a cluster's fencing depends on it.
+    pub fn keep_reservations_in(&self, path: std::path::PathBuf) -> Result<(), String> {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let r = Reservations::decode(&text).map_err(|e| {
+                    format!(
+                        "{}: {e}; remove the file to serve the LUN without the persistent \
+                         reservations it kept",
+                        path.display()
+                    )
+                })?;
+                self.state.lock().reservations = r;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+        let _ = self.pr_file.set(path);
+        Ok(())
+    }
+
+    /// Saves `r` (durably: written aside, synced, renamed) when it persists, else removes
+    /// the file.
+    fn save_reservations(&self, r: &Reservations) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let Some(path) = self.pr_file.get() else {
+            return Ok(());
+        };
+        if !r.persists() {
+            return match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            };
+        }
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(r.encode().as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
     }
 
     fn volume(&self) -> Res<Arc<Volume>> {
@@ -1110,8 +1163,14 @@ impl Lu {
         if st.reservations.legacy_conflict(nexus) {
             return Err(Failure::Conflict);
         }
-        match st.reservations.out(nexus, sa, kind, key, sa_key, aptpl) {
+        // The change is made on a copy, kept (when it persists) and only then taken.
+        let mut next = st.reservations.clone();
+        match next.out(nexus, sa, kind, key, sa_key, aptpl) {
             reserve::Outcome::Good(attn) => {
+                if self.save_reservations(&next).is_err() {
+                    return Err(check(sense::HARDWARE_ERROR, sense::INTERNAL_TARGET_FAILURE));
+                }
+                st.reservations = next;
                 for (n, asc) in attn {
                     self.attention(&mut st, &n, asc);
                 }

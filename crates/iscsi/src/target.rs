@@ -362,6 +362,13 @@ impl Targets {
             s.options.get("readonly").map(String::as_str) == Some("on"),
             opened.pool.guid(),
         ));
+        lu.keep_reservations_in(
+            self.svc
+                .data_dir()
+                .join("iscsi")
+                .join("reservations")
+                .join(lu.serial()),
+        )?;
         let _ = holder.lu.set(Arc::downgrade(&lu));
         Ok(lu)
     }

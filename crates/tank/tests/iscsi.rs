@@ -1041,3 +1041,103 @@ fn extended_copy_between_luns_and_within_one() {
         (0, 0x02, &[0u8, 0][..])
     );
 }
+
+/// PERSISTENT RESERVE OUT: service action, type, key, service action key, APTPL.
+fn pr_out(ini: &mut Initiator, sa: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> u8 {
+    let cdb = [0x5f, sa, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p[20] = u8::from(aptpl);
+    ini.cmd(0, &cdb, &p, 0).unwrap().status
+}
+
+/// PERSISTENT RESERVE IN with service action `sa`: its data.
+fn pr_in(ini: &mut Initiator, sa: u8) -> Vec<u8> {
+    let r = ini
+        .cmd(0, &[0x5e, sa, 0, 0, 0, 0, 0, 1, 0, 0], &[], 256)
+        .unwrap();
+    assert_eq!(r.status, 0);
+    r.data
+}
+
+#[test]
+fn reservations_asked_to_persist_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let iqn = "iqn.2026-11.org.tank:cluster";
+    let d = serve(&data);
+    volume(&data, "tank/shared", "64M", iqn, &[]);
+    let mut a = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:node-a").unwrap();
+    let mut b = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:node-b").unwrap();
+    // Node A registers with APTPL and takes a write-exclusive reservation; B registers.
+    assert_eq!(pr_out(&mut a, 0, 0, 0, 0xa, true), 0);
+    assert_eq!(pr_out(&mut b, 0, 0, 0, 0xb, true), 0);
+    assert_eq!(pr_out(&mut a, 1, 1, 0xa, 0, false), 0);
+    let caps = pr_in(&mut a, 2);
+    assert_eq!(
+        (caps[2] & 1, caps[3] & 1),
+        (1, 1),
+        "PTPL_C and PTPL_A: {caps:?}"
+    );
+    drop((a, b));
+    drop(d);
+
+    // After a restart: the keys, the reservation and its holder are there.
+    let d = serve(&data);
+    let mut c = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:node-c").unwrap();
+    c.clear_attentions(0).unwrap();
+    let keys = pr_in(&mut c, 0);
+    assert_eq!(&keys[4..8], &16u32.to_be_bytes(), "{keys:?}");
+    assert_eq!(&keys[8..16], &0xau64.to_be_bytes());
+    assert_eq!(&keys[16..24], &0xbu64.to_be_bytes());
+    let res = pr_in(&mut c, 1);
+    assert_eq!(&res[4..8], &16u32.to_be_bytes(), "no reservation: {res:?}");
+    assert_eq!(&res[8..16], &0xau64.to_be_bytes());
+    assert_eq!(res[21] & 0x0f, 1);
+    // The reservation still fences: another node may read, not write.
+    let r = c.cmd(0, &read16(0, 8), &[], 4096).unwrap();
+    assert_eq!(r.status, 0);
+    let r = c.cmd(0, &write16(0, 8, false), &[0u8; 4096], 0).unwrap();
+    assert_eq!(r.status, 0x18, "a write past another node's reservation");
+    // A REGISTER without APTPL (here B unregistering) turns persistence off: after the next
+    // restart nothing is kept.
+    let mut b = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:node-b").unwrap();
+    b.clear_attentions(0).unwrap();
+    let gen_before = u32::from_be_bytes(pr_in(&mut b, 0)[0..4].try_into().unwrap());
+    // This login is a new nexus (another ISID): it registers, with APTPL off.
+    assert_eq!(pr_out(&mut b, 0, 0, 0, 0xbb, false), 0);
+    assert_eq!(pr_in(&mut b, 2)[3] & 1, 0);
+    assert!(u32::from_be_bytes(pr_in(&mut b, 0)[0..4].try_into().unwrap()) > gen_before);
+    drop((b, c));
+    drop(d);
+    let d = serve(&data);
+    let mut e = Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:node-e").unwrap();
+    e.clear_attentions(0).unwrap();
+    assert_eq!(&pr_in(&mut e, 0)[4..8], &0u32.to_be_bytes());
+    assert_eq!(&pr_in(&mut e, 1)[4..8], &0u32.to_be_bytes());
+    // A damaged file keeps the LUN from being served rather than dropping the fence.
+    let kept = data.join("iscsi").join("reservations");
+    assert_eq!(pr_out(&mut e, 0, 0, 0, 0xe, true), 0);
+    let files: Vec<_> = std::fs::read_dir(&kept).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1);
+    drop(e);
+    drop(d);
+    std::fs::write(
+        files[0].path(),
+        "tank persistent reservations 1\nnonsense\n",
+    )
+    .unwrap();
+    let d = serve(&data);
+    let out = tank(&data, &["share", "list"]);
+    assert!(
+        out.contains("reservations") || out.contains("nonsense"),
+        "the share does not say why it is not served:\n{out}"
+    );
+    eprintln!("{out}");
+    assert!(
+        Initiator::login(&d.addr, iqn, "iqn.2026-11.org.test:node-f")
+            .and_then(|mut f| f.cmd(0, &TUR, &[], 0))
+            .map_or(true, |r| r.status != 0)
+    );
+}
