@@ -36,11 +36,22 @@ fn clean(v: &str) -> String {
         .collect()
 }
 
-/// smb.conf for `shares` served on `addr`, with Samba's state under `dir`.
-pub fn render(addr: SocketAddr, dir: &Path, shares: &[ShareConf]) -> String {
+/// smb.conf for `shares` served on `addr`, with Samba's state under `dir`; `mdns`: smbd
+/// registers the server (and its Time Machine shares) with avahi-daemon.
+pub fn render(addr: SocketAddr, dir: &Path, shares: &[ShareConf], mdns: bool) -> String {
     let d = dir.display();
     let mut s = String::new();
     let guest = shares.iter().any(|x| x.guest);
+    // A wildcard address is every interface: Samba is given none to bind to (naming
+    // 0.0.0.0 as an interface leaves it none at all).
+    let bind = if addr.ip().is_unspecified() {
+        "\tbind interfaces only = no\n".to_string()
+    } else {
+        format!(
+            "\tinterfaces = {}\n\tbind interfaces only = yes\n",
+            addr.ip()
+        )
+    };
     let _ = write!(
         s,
         "# Written by tank from its smb shares: changes here are overwritten.\n\
@@ -50,9 +61,10 @@ pub fn render(addr: SocketAddr, dir: &Path, shares: &[ShareConf]) -> String {
          \tnetbios name = TANK\n\
          \tserver string = tank\n\
          \tsmb ports = {port}\n\
-         \tinterfaces = {ip}\n\
-         \tbind interfaces only = yes\n\
+         {bind}\
          \tdisable netbios = yes\n\
+         \tmulticast dns register = {mdns}\n\
+         \tmdns name = mdns\n\
          \tserver min protocol = SMB2_10\n\
          \tsecurity = user\n\
          \tpassdb backend = smbpasswd:{d}/private/smbpasswd\n\
@@ -85,9 +97,10 @@ pub fn render(addr: SocketAddr, dir: &Path, shares: &[ShareConf]) -> String {
          \tfruit:copyfile = yes\n\
          \tfruit:zero_file_id = yes\n",
         port = addr.port(),
-        ip = addr.ip(),
+        bind = bind,
         map = if guest { "Bad User" } else { "Never" },
         anon = if guest { 0 } else { 2 },
+        mdns = if mdns { "yes" } else { "no" },
     );
     for sh in shares {
         let mut vfs = vec!["catia", "fruit", "streams_xattr", "acl_xattr"];
@@ -180,7 +193,9 @@ mod tests {
             "127.0.0.1:4450".parse().unwrap(),
             Path::new("/d/smb"),
             &shares,
+            false,
         );
+        assert!(c.contains("multicast dns register = no\n"));
         assert!(c.contains("smb ports = 4450\n\tinterfaces = 127.0.0.1\n"));
         assert!(c.contains("passdb backend = smbpasswd:/d/smb/private/smbpasswd"));
         assert!(c.contains("map to guest = Bad User"));
@@ -197,7 +212,10 @@ mod tests {
         assert!(c.contains("fruit:time machine = yes"));
         assert!(c.contains("fruit:time machine max size = 1099511627776"));
         assert!(!c.contains("/etc/samba"));
-        let none = render("127.0.0.1:4450".parse().unwrap(), Path::new("/d"), &[]);
+        let none = render("0.0.0.0:445".parse().unwrap(), Path::new("/d"), &[], true);
         assert!(none.contains("map to guest = Never"));
+        assert!(none.contains("multicast dns register = yes\n\tmdns name = mdns\n"));
+        assert!(none.contains("smb ports = 445\n\tbind interfaces only = no\n"));
+        assert!(!none.contains("interfaces = 0.0.0.0"));
     }
 }

@@ -18,6 +18,11 @@
 //!   share or a mount changed and the user files when the account store did, and tells
 //!   smbd to reload (SIGHUP). smbd runs in a process group of its own, so that a stop ends
 //!   the processes serving connections too.
+//! - **mDNS/DNS-SD.** Where smbd listens beyond loopback (and `--no-mdns` is not given),
+//!   smb.conf has `multicast dns register = yes`: Debian's smbd, built with avahi, then
+//!   registers `_smb._tcp`, `_device-info._tcp` and, for the Time Machine shares,
+//!   `_adisk._tcp` with avahi-daemon (now or when it starts), so Finder's sidebar shows the
+//!   NAS. A server on loopback is never advertised (no other machine could reach it).
 //! - **Previous Versions on a schedule** (`snapshots.rs`): every 10 seconds the supervisor
 //!   takes the snapshots the shares' `snapshot_schedule` asks for and destroys the oldest
 //!   beyond what they keep.
@@ -50,6 +55,44 @@ pub use conf::ShareConf;
 pub struct SmbOptions {
     /// Where smbd listens (port 0: a free one is chosen).
     pub addr: SocketAddr,
+    /// Advertise the server over mDNS/DNS-SD (through avahi-daemon) when it listens beyond
+    /// loopback.
+    pub mdns: bool,
+}
+
+/// Whether avahi-daemon runs here (its pid file names a live process).
+fn avahi_running() -> bool {
+    std::fs::read_to_string("/run/avahi-daemon/pid")
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Whether smbd registers the server with avahi-daemon, and what to say about it: on, or
+/// off and why.
+fn mdns_state(wanted: bool, addr: SocketAddr, avahi: bool) -> (bool, String) {
+    if !wanted {
+        return (false, "off (--no-mdns)".into());
+    }
+    if addr.ip().is_loopback() {
+        return (
+            false,
+            "off: smbd listens on loopback only, which no other machine reaches".into(),
+        );
+    }
+    let how = "smbd registers _smb._tcp, _device-info._tcp and, for Time Machine shares, \
+               _adisk._tcp";
+    if avahi {
+        (true, format!("on: {how} with avahi-daemon"))
+    } else {
+        (
+            true,
+            format!(
+                "waiting for avahi-daemon, which is not running (apt-get install \
+                 avahi-daemon); then {how}"
+            ),
+        )
+    }
 }
 
 /// Where a program may be: the PATH, then the system directories Debian installs to.
@@ -137,6 +180,13 @@ struct Inner {
     accounts_at: AtomicU64,
     restarts: AtomicU64,
     wake: Mutex<mpsc::Sender<()>>,
+    /// Whether smbd registers with avahi-daemon, and the state as said at the start.
+    mdns: bool,
+    mdns_said: String,
+    /// The Time Machine shares of the configuration last written, and of the one smbd was
+    /// started with (smbd registers `_adisk._tcp` only when it starts).
+    timemachine: Mutex<Vec<String>>,
+    advertised: Mutex<Vec<String>>,
 }
 
 /// A running SMB front end.
@@ -303,7 +353,7 @@ impl Inner {
             }
             *seen = problems;
         }
-        let text = conf::render(self.addr, &self.dir, &shares);
+        let text = conf::render(self.addr, &self.dir, &shares, self.mdns);
         let mut written = self.written.lock();
         if *written == text {
             return Ok(false);
@@ -311,6 +361,11 @@ impl Inner {
         users::write_whole(&self.dir.join("smb.conf"), &text, 0o644)
             .context("cannot write smb.conf")?;
         *written = text;
+        *self.timemachine.lock() = shares
+            .iter()
+            .filter(|s| s.timemachine)
+            .map(|s| s.name.clone())
+            .collect();
         Ok(true)
     }
 
@@ -391,6 +446,7 @@ impl Inner {
         // smbd acknowledges a client's write once write(2) returns: its writes must not
         // wait in the mounts' writeback cache, where a full quota would fail them unseen.
         self.svc.mounts.write_through().set(Some(child.id() as i32));
+        *self.advertised.lock() = self.timemachine.lock().clone();
         Ok(child)
     }
 
@@ -475,7 +531,18 @@ impl Inner {
                 }
             } else {
                 backoff = Duration::from_millis(250);
-                if changed {
+                if changed && self.mdns && *self.timemachine.lock() != *self.advertised.lock() {
+                    // smbd advertises Time Machine shares only when it starts.
+                    println!(
+                        "smb: the Time Machine shares changed; starting smbd again so that \
+                         it advertises them"
+                    );
+                    self.kill();
+                    match self.spawn() {
+                        Ok(c) => *self.child.lock() = Some(c),
+                        Err(e) => eprintln!("smb: {e:#}"),
+                    }
+                } else if changed {
                     self.reload();
                 }
             }
@@ -486,6 +553,11 @@ impl Inner {
 impl SmbServer {
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.addr
+    }
+
+    /// Whether the server is advertised over mDNS/DNS-SD, and how (or why not).
+    pub fn mdns(&self) -> &str {
+        &self.inner.mdns_said
     }
 
     /// The smb shares that are not served, and why.
@@ -551,6 +623,7 @@ pub fn start(svc: Arc<Service>, opts: SmbOptions) -> Result<SmbServer> {
         std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o700))?;
     }
     let (tx, rx) = mpsc::channel();
+    let (mdns, mdns_said) = mdns_state(opts.mdns, addr, avahi_running());
     let inner = Arc::new(Inner {
         svc: svc.clone(),
         addr,
@@ -564,6 +637,10 @@ pub fn start(svc: Arc<Service>, opts: SmbOptions) -> Result<SmbServer> {
         accounts_at: AtomicU64::new(0),
         restarts: AtomicU64::new(0),
         wake: Mutex::new(tx.clone()),
+        mdns,
+        mdns_said,
+        timemachine: Mutex::new(Vec::new()),
+        advertised: Mutex::new(Vec::new()),
     });
     inner.write_users(true)?;
     inner.write_conf()?;
@@ -612,5 +689,22 @@ fn log_tail(dir: &Path) -> String {
         "(empty)".into()
     } else {
         lines.into_iter().rev().collect::<Vec<_>>().join(" / ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_server_others_reach_is_advertised() {
+        let lan: SocketAddr = "0.0.0.0:445".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:4450".parse().unwrap();
+        assert!(mdns_state(true, lan, true).0);
+        let (on, said) = mdns_state(true, lan, false);
+        assert!(on && said.contains("not running"), "{said}");
+        assert!(!mdns_state(true, lo, true).0);
+        assert!(!mdns_state(true, "[::1]:445".parse().unwrap(), true).0);
+        assert!(!mdns_state(false, lan, true).0);
     }
 }

@@ -96,6 +96,10 @@ pub struct ServeArgs {
     /// smbd runs under tank's supervision with a configuration tank writes
     #[arg(long, value_name = "ADDR:PORT")]
     pub smb: Option<String>,
+    /// Do not advertise the SMB server over mDNS/DNS-SD (by default smbd registers with
+    /// avahi-daemon when it listens beyond loopback)
+    #[arg(long, requires = "smb")]
+    pub no_mdns: bool,
     /// Serve the s3 shares as buckets at URL: https://ADDR:PORT (with the API's
     /// certificate) or http://ADDR:PORT
     #[arg(long, value_name = "URL")]
@@ -539,9 +543,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 )
             })?;
             // Without Samba the rest of tank runs on: SMB is left out, and says why.
-            match tank_smb::start(svc.clone(), tank_smb::SmbOptions { addr }) {
+            let opts = tank_smb::SmbOptions {
+                addr,
+                mdns: !a.no_mdns,
+            };
+            match tank_smb::start(svc.clone(), opts) {
                 Ok(server) => {
                     say!("smb: {}", server.local_addr());
+                    say!("smb mdns: {}", server.mdns());
                     Some(server)
                 }
                 Err(e) => {
