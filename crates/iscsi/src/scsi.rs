@@ -1291,7 +1291,8 @@ impl Lu {
         let durable = !dst.state.lock().modes.wce;
         let piece = 2048u64;
         let pieces = seg.blocks.div_ceil(piece);
-        let backwards = std::ptr::eq(src, dst)
+        // One volume: a copy onto a higher overlapping range must not read what it wrote.
+        let backwards = Arc::ptr_eq(&src_vol, &dst_vol)
             && seg.dst_lba > seg.src_lba
             && seg.dst_lba < seg.src_lba + seg.blocks;
         let failed = |e: Errno, write: bool| match Self::io_error(e, write) {

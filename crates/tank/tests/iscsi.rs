@@ -1013,6 +1013,23 @@ fn extended_copy_between_luns_and_within_one() {
         r.data[512 * 512..] == pattern[..],
         "an overlapping copy read what it wrote"
     );
+    // The same volume shared again as LUN 3 (with the same designators: it is the same
+    // unit's data): a copy from LUN 0 onto an overlapping higher range named through LUN 3
+    // is a copy within one volume, and reads the source before writing over it.
+    tank(
+        &data,
+        &["share", "add", "iscsi", iqn, "tank/a", "-o", "lun=3"],
+    );
+    ini.clear_attentions(0).unwrap();
+    let a3 = naa_of(&mut ini, 3);
+    let before = ini.cmd(0, &read16(0, 4096), &[], 4096 * 512).unwrap().data;
+    let (cdb, p) = xcopy(10, &[&a, &a3], (0, 1, 4096, 0, 100));
+    assert_eq!(ini.cmd(0, &cdb, &p, 0).unwrap().status, 0);
+    let r = ini.cmd(0, &read16(100, 4096), &[], 4096 * 512).unwrap();
+    assert!(
+        r.data == before,
+        "a copy between two LUNs of one volume read what it wrote"
+    );
     // Onto a read-only LUN: write protected, nothing written.
     let (cdb, p) = xcopy(7, &[&a, &ro], (0, 1, 8, 0, 0));
     let r = ini.cmd(0, &cdb, &p, 0).unwrap();
