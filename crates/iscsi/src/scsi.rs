@@ -84,15 +84,15 @@ fn illegal(asc: sense::Asc) -> Failure {
     check(sense::ILLEGAL_REQUEST, asc)
 }
 
-fn be16(b: &[u8]) -> u16 {
+pub(crate) fn be16(b: &[u8]) -> u16 {
     u16::from_be_bytes([b[0], b[1]])
 }
 
-fn be32(b: &[u8]) -> u32 {
+pub(crate) fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(b[..4].try_into().expect("4 bytes"))
 }
 
-fn be64(b: &[u8]) -> u64 {
+pub(crate) fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
 }
 

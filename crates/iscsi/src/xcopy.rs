@@ -32,6 +32,7 @@
 //! Why by hand: no library parses third-party copy parameter lists; the unit's own SCSI
 //! code (`scsi.rs`) is ours for the reason `lib.rs` gives.
 
+use crate::scsi::{be16, be32, be64};
 use crate::sense::{self, Asc, Sense};
 
 /// Copy targets in one parameter list.
@@ -99,18 +100,6 @@ pub struct Held {
 
 fn illegal(asc: Asc) -> Sense {
     Sense::new(sense::ILLEGAL_REQUEST, asc)
-}
-
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-
-fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().expect("eight bytes"))
 }
 
 /// Checks an EXTENDED COPY parameter list; `None` for an empty one (nothing to copy).
