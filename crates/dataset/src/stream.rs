@@ -174,20 +174,31 @@ impl<'a> Writer<'a> {
     }
 
     fn record(&mut self, kind: u16, payload: &[u8]) -> io::Result<()> {
-        assert!(payload.len() <= PAYLOAD_MAX, "stream payload too large");
+        self.record_parts(kind, &[payload])
+    }
+
+    /// A record whose payload is `parts` one after the other: a block's bytes go out from
+    /// where they were read, never copied into a payload first.
+    fn record_parts(&mut self, kind: u16, parts: &[&[u8]]) -> io::Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        assert!(len <= PAYLOAD_MAX, "stream payload too large");
         let mut header = [0u8; HEADER_SIZE];
         header[0..2].copy_from_slice(&kind.to_le_bytes());
-        header[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        header[4..8].copy_from_slice(&(len as u32).to_le_bytes());
         header[8..16].copy_from_slice(&self.seq.to_le_bytes());
         self.hasher.update(&header);
-        self.hasher.update(payload);
+        for p in parts {
+            self.hasher.update(p);
+        }
         let trailer = self.hasher.digest128().to_le_bytes();
         self.out.write_all(&header)?;
-        self.out.write_all(payload)?;
+        for p in parts {
+            self.out.write_all(p)?;
+        }
         self.out.write_all(&trailer)?;
         self.seq += 1;
         self.total += 1;
-        self.bytes += (HEADER_SIZE + payload.len() + TRAILER_SIZE) as u64;
+        self.bytes += (HEADER_SIZE + len + TRAILER_SIZE) as u64;
         Ok(())
     }
 
@@ -240,12 +251,11 @@ impl<'a> Writer<'a> {
         lsize: u32,
         data: &[u8],
     ) -> io::Result<()> {
-        let mut p = Vec::with_capacity(Key::SIZE + 5 + data.len());
-        p.extend_from_slice(&key.encode());
-        p.push(compression);
-        p.extend_from_slice(&lsize.to_le_bytes());
-        p.extend_from_slice(data);
-        self.record(REC_SET_BLOCK, &p)
+        let mut p = [0u8; Key::SIZE + 5];
+        p[..Key::SIZE].copy_from_slice(&key.encode());
+        p[Key::SIZE] = compression;
+        p[Key::SIZE + 1..].copy_from_slice(&lsize.to_le_bytes());
+        self.record_parts(REC_SET_BLOCK, &[&p, data])
     }
 
     /// Ends the substream; the next record written starts a new one.

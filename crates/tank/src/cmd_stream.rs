@@ -2,17 +2,16 @@
 //!
 //! # Theory of operation
 //! With no daemon the command's own service writes the stream to standard output, or reads
-//! it from standard input. Through the daemon the stream crosses the socket in frames
-//! ([`FrameWriter`], [`FrameReader`]): after the request line, frames of a u32 LE length
-//! and that many bytes, ended by a frame of length 0; then the reply line, as for any
-//! request. A sender that fails midway ends its frames at once, so the reply always comes.
-//! A daemon that stops reading a receive (a refused stream) replies and closes the
-//! connection; the command stops sending and reads the reply.
+//! it from standard input. Through the daemon the command passes its standard output or
+//! input with the request (`fdpass.rs`) and the daemon moves the stream through it
+//! directly; the command reads the daemon's progress lines (`{"progress":N}`), then the
+//! reply, as for any request.
 //!
 //! `-v` prints, once a second and at the end, the bytes moved and the rate on standard
 //! error, as `zfs send -v` does.
 
 use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::os::fd::AsFd;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -23,8 +22,8 @@ use tank_service::ServiceError;
 use crate::client::{command_line, Client};
 use tank_bench::run::util::human as human_bytes;
 
-/// Largest frame written.
-pub const FRAME_MAX: usize = 1 << 20;
+/// The buffer of the standard output or input when the command moves the stream itself.
+const STDIO_BUFFER: usize = 1 << 20;
 
 #[derive(Args)]
 pub struct SendArgs {
@@ -145,6 +144,11 @@ impl<T> Meter<T> {
         }
     }
 
+    /// The bytes moved, as another process counted them.
+    fn set(&mut self, bytes: u64) {
+        self.count((bytes.saturating_sub(self.bytes)) as usize);
+    }
+
     fn report(&self, end: &str) {
         let secs = self.start.elapsed().as_secs_f64().max(1e-3);
         let rate = self.bytes as f64 / secs;
@@ -183,133 +187,26 @@ impl<R: Read> Read for Meter<R> {
     }
 }
 
-/// Writes a stream as frames (see the module documentation).
-pub struct FrameWriter<W: Write> {
-    out: W,
-    buf: Vec<u8>,
-}
-
-impl<W: Write> FrameWriter<W> {
-    pub fn new(out: W) -> Self {
-        FrameWriter {
-            out,
-            buf: Vec::with_capacity(FRAME_MAX),
-        }
-    }
-
-    fn emit(&mut self) -> io::Result<()> {
-        if !self.buf.is_empty() {
-            self.out.write_all(&(self.buf.len() as u32).to_le_bytes())?;
-            self.out.write_all(&self.buf)?;
-            self.buf.clear();
-        }
-        Ok(())
-    }
-
-    /// Ends the frames (the last one is empty); the writer goes back for the reply.
-    pub fn finish(mut self) -> io::Result<W> {
-        self.emit()?;
-        self.out.write_all(&0u32.to_le_bytes())?;
-        self.out.flush()?;
-        Ok(self.out)
-    }
-}
-
-impl<W: Write> Write for FrameWriter<W> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(FRAME_MAX - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == FRAME_MAX {
-            self.emit()?;
-        }
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.emit()?;
-        self.out.flush()
-    }
-}
-
-/// Reads a framed stream: the bytes of the frames, then the end of input at the empty one.
-pub struct FrameReader<R: Read> {
-    input: R,
-    left: usize,
-    done: bool,
-}
-
-impl<R: Read> FrameReader<R> {
-    pub fn new(input: R) -> Self {
-        FrameReader {
-            input,
-            left: 0,
-            done: false,
-        }
-    }
-
-    /// Whether the empty frame that ends the stream was read.
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-}
-
-impl<R: Read> Read for FrameReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            let mut len = [0u8; 4];
-            self.input.read_exact(&mut len)?;
-            let len = u32::from_le_bytes(len) as usize;
-            if len == 0 {
-                self.done = true;
-                return Ok(0);
-            }
-            if len > FRAME_MAX {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("stream frame of {len} bytes (at most {FRAME_MAX})"),
-                ));
-            }
-            self.left = len;
-        }
-        let want = buf.len().min(self.left);
-        let n = self.input.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        self.left -= n;
-        Ok(n)
-    }
-}
-
 fn print_notes(notes: Vec<String>) {
     for n in notes {
         eprintln!("{n}");
     }
 }
 
-fn read_reply(
-    stream: &mut BufReader<std::os::unix::net::UnixStream>,
-) -> Result<(Result<Response, ServiceError>, Vec<String>)> {
-    let mut line = String::new();
-    let n = stream
-        .by_ref()
-        .take(1 << 20)
-        .read_line(&mut line)
-        .context("cannot read the daemon's reply")?;
-    if n == 0 {
-        bail!("the daemon closed the connection without a reply");
-    }
-    Ok(
-        match serde_json::from_str::<Reply>(&line).context("unreadable reply from the daemon")? {
-            Reply::Ok { response, notes } => (Ok(response), notes),
-            Reply::Error(e) => (Err(e.into()), Vec::new()),
-        },
-    )
+/// A progress line of the daemon's (`fdpass.rs`).
+#[derive(serde::Deserialize)]
+struct Progress {
+    progress: u64,
 }
 
-fn send_request(stream: &mut std::os::unix::net::UnixStream, request: Request) -> Result<()> {
+/// Sends `request` to the daemon with `fd`, the command's standard output (a send) or
+/// input (a receive), then follows the daemon's progress on `meter` until its reply.
+fn stream_through_daemon<T>(
+    conn: &mut BufReader<std::os::unix::net::UnixStream>,
+    request: Request,
+    fd: std::os::fd::BorrowedFd<'_>,
+    meter: &mut Meter<T>,
+) -> Result<(Result<Response, ServiceError>, Vec<String>)> {
     let env = Envelope {
         version: API_VERSION,
         request,
@@ -317,9 +214,31 @@ fn send_request(stream: &mut std::os::unix::net::UnixStream, request: Request) -
     };
     let mut line = serde_json::to_string(&env)?;
     line.push('\n');
-    stream
-        .write_all(line.as_bytes())
-        .context("cannot send the request to the daemon")
+    crate::fdpass::send_with_fd(conn.get_ref(), line.as_bytes(), fd)
+        .context("cannot send the request to the daemon")?;
+    loop {
+        let mut line = String::new();
+        let n = conn
+            .by_ref()
+            .take(1 << 20)
+            .read_line(&mut line)
+            .context("cannot read the daemon's reply")?;
+        if n == 0 {
+            bail!("the daemon closed the connection without a reply");
+        }
+        if let Ok(p) = serde_json::from_str::<Progress>(&line) {
+            meter.set(p.progress);
+            continue;
+        }
+        return Ok(
+            match serde_json::from_str::<Reply>(&line)
+                .context("unreadable reply from the daemon")?
+            {
+                Reply::Ok { response, notes } => (Ok(response), notes),
+                Reply::Error(e) => (Err(e.into()), Vec::new()),
+            },
+        );
+    }
 }
 
 pub fn send(a: SendArgs) -> Result<()> {
@@ -388,9 +307,8 @@ pub fn send(a: SendArgs) -> Result<()> {
         token: a.token,
         dry_run: false,
     };
-    let stdout = io::stdout().lock();
     let mut out = Meter::new(
-        io::BufWriter::with_capacity(FRAME_MAX, stdout),
+        io::BufWriter::with_capacity(STDIO_BUFFER, io::stdout()),
         a.verbose,
         "sent",
     );
@@ -404,18 +322,8 @@ pub fn send(a: SendArgs) -> Result<()> {
             svc.send_stream(&caller, req, &mut out, Some(command_line()))
         }
         Client::Daemon(conn) => {
-            let mut conn = conn.lock();
-            send_request(conn.get_mut(), req)?;
-            let mut frames = FrameReader::new(&mut *conn);
-            let copied = io::copy(&mut frames, &mut out);
-            let done = frames.is_done();
-            let reply = read_reply(&mut conn);
-            match (copied, reply) {
-                (_, Ok(reply)) if done => reply,
-                (Err(e), _) => return Err(e).context("cannot write the stream"),
-                (Ok(_), Err(e)) => return Err(e),
-                (Ok(_), Ok(_)) => bail!("the daemon ended the stream without its last frame"),
-            }
+            let stdout = io::stdout();
+            stream_through_daemon(&mut conn.lock(), req, stdout.as_fd(), &mut out)?
         }
     };
     out.flush().context("cannot write the stream")?;
@@ -476,9 +384,8 @@ pub fn receive(a: ReceiveArgs) -> Result<()> {
         no_mount: a.no_mount,
         props,
     };
-    let stdin = io::stdin().lock();
     let mut input = Meter::new(
-        io::BufReader::with_capacity(FRAME_MAX, stdin),
+        io::BufReader::with_capacity(STDIO_BUFFER, io::stdin()),
         a.verbose,
         "received",
     );
@@ -491,18 +398,8 @@ pub fn receive(a: ReceiveArgs) -> Result<()> {
             svc.receive_stream(&caller, req, &mut input, Some(command_line()))
         }
         Client::Daemon(conn) => {
-            let mut conn = conn.lock();
-            send_request(conn.get_mut(), req)?;
-            // A daemon that refuses the stream midway replies and closes: the copy then
-            // fails, and the reply says why.
-            let writer = conn.get_mut().try_clone()?;
-            let mut frames = FrameWriter::new(writer);
-            let copied = io::copy(&mut input, &mut frames).and_then(|_| frames.finish().map(drop));
-            match (read_reply(&mut conn), copied) {
-                (Ok(reply), _) => reply,
-                (Err(e), Err(c)) => return Err(e).context(format!("cannot send the stream: {c}")),
-                (Err(e), Ok(())) => return Err(e),
-            }
+            let stdin = io::stdin();
+            stream_through_daemon(&mut conn.lock(), req, stdin.as_fd(), &mut input)?
         }
     };
     print_notes(notes);

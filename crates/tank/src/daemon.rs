@@ -216,7 +216,9 @@ fn serve_connection(stream: UnixStream, svc: &Service) -> Result<()> {
     let uid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
         .context("cannot read the caller's credentials")?
         .uid();
-    let mut reader = BufReader::new(stream.try_clone()?);
+    // Through FdReader: a send or a receive passes the command's standard output or input
+    // with its request line (`fdpass.rs`).
+    let mut reader = BufReader::new(crate::fdpass::FdReader::new(stream.try_clone()?));
     let mut writer = stream;
     for _ in 0..MAX_REQUESTS_PER_CONNECTION {
         let mut line = String::new();
@@ -256,27 +258,38 @@ fn serve_connection(stream: UnixStream, svc: &Service) -> Result<()> {
     Ok(())
 }
 
-/// A send or a receive: the stream in frames (`cmd_stream.rs`), then the reply.
+/// A send or a receive: the stream through the descriptor the command passed with its
+/// request (`fdpass.rs`), then the reply.
 fn serve_stream(
     svc: &Service,
     uid: u32,
     env: Envelope,
-    mut reader: BufReader<UnixStream>,
+    mut reader: BufReader<crate::fdpass::FdReader>,
     mut writer: UnixStream,
 ) -> Result<()> {
-    use crate::cmd_stream::{FrameReader, FrameWriter};
+    use crate::fdpass::Passed;
     let reply_line = |r: &Reply| -> Result<Vec<u8>> {
         let mut s = serde_json::to_string(r)?;
         s.push('\n');
         Ok(s.into_bytes())
     };
+    let what = env.request.op();
+    let Some(fd) = reader.get_mut().take_fd() else {
+        let e = ServiceError::BadRequest(format!(
+            "{what}: the command passes its standard {} with the request (SCM_RIGHTS); none came",
+            if matches!(env.request, Request::Send { .. }) {
+                "output"
+            } else {
+                "input"
+            }
+        ));
+        writer.write_all(&reply_line(&error_reply(&e))?)?;
+        return Ok(());
+    };
     let caller = match svc.local_caller(uid) {
         Ok(c) => c,
         Err(e) => {
-            say_err!("refused {} from uid {uid}: {e}", env.request.op());
-            if matches!(env.request, Request::Send { .. }) {
-                writer.write_all(&0u32.to_le_bytes())?;
-            }
+            say_err!("refused {what} from uid {uid}: {e}");
             writer.write_all(&reply_line(&error_reply(&e))?)?;
             return Ok(());
         }
@@ -286,28 +299,30 @@ fn serve_stream(
         Ok(response) => Reply::Ok { response, notes },
         Err(e) => error_reply(&e),
     };
-    match env.request {
+    // The descriptor is closed before the reply: the other end of a pipe sees its end (or
+    // a broken pipe) no later than the command does.
+    let reply = match env.request {
         req @ Request::Send { .. } => {
-            let mut frames = FrameWriter::new(&mut writer);
-            let result = svc.send_stream(&caller, req, &mut frames, env.command);
-            // The client stops reading when its output fails: then there is no one to
-            // tell.
-            if let Ok(w) = frames.finish() {
-                w.write_all(&reply_line(&to_reply(result))?)?;
+            let mut out = Passed::new(fd, &writer);
+            let (mut result, notes) = svc.send_stream(&caller, req, &mut out, env.command);
+            if let Err(e) = out.flush() {
+                if result.is_ok() {
+                    result = Err(ServiceError::Failed(format!("stream: {e}")));
+                }
             }
+            out.report();
+            to_reply((result, notes))
         }
         req => {
-            let mut frames = FrameReader::new(&mut reader);
-            let result = svc.receive_stream(&caller, req, &mut frames, env.command);
-            let done = frames.is_done();
-            writer.write_all(&reply_line(&to_reply(result))?)?;
-            if !done {
-                // The stream was refused before its end: the client learns why from the
-                // reply; the rest of the stream is not read.
-                let _ = writer.shutdown(std::net::Shutdown::Both);
-            }
+            // A small buffer: a record's header comes through it, its block's bytes
+            // mostly straight into their own buffer.
+            let mut input = BufReader::with_capacity(16 << 10, Passed::new(fd, &writer));
+            let result = svc.receive_stream(&caller, req, &mut input, env.command);
+            input.get_ref().report();
+            to_reply(result)
         }
-    }
+    };
+    writer.write_all(&reply_line(&reply)?)?;
     Ok(())
 }
 

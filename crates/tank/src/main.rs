@@ -28,6 +28,7 @@ mod cmd_stream;
 mod daemon;
 mod datadir;
 mod demo;
+mod fdpass;
 mod mounts;
 
 use clap::{Parser, Subcommand};
