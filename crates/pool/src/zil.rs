@@ -5,7 +5,7 @@
 //! the change, opaque bytes). They go to stable storage as one *commit*: one or more log
 //! blocks, each checksummed over itself (its parent cannot hold its checksum: it is written
 //! before anything points at it), chained by sequence number, the last marked as the end of
-//! the commit; then the log's devices are flushed. Replay applies entries only up to the last
+//! the commit; then the log devices it was written to are flushed. Replay applies entries only up to the last
 //! complete commit.
 //!
 //! Blocks are written into a *ring*: the whole of a `log` vdev when the pool has one (a
@@ -676,8 +676,10 @@ impl IntentLog {
         }
         drop(st);
         let errors = batch.wait();
+        // Only the leaves the commit wrote to: a small block on RAID-Z is on some of the
+        // children, and flushing the others would make it no safer.
         let flush = IoBatch::new();
-        vdev.flush(&flush);
+        batch.flush_written(&flush);
         let flush_errors = flush.wait();
         if !errors.is_empty() || !flush_errors.is_empty() {
             let mut st = self.state.lock();

@@ -220,6 +220,8 @@ pub struct IoBatch {
 struct BatchState {
     outstanding: usize,
     errors: Vec<(Arc<Leaf>, DeviceError)>,
+    /// The leaves a write of this batch was queued to (each once).
+    written: Vec<Arc<Leaf>>,
 }
 
 impl IoBatch {
@@ -229,6 +231,26 @@ impl IoBatch {
 
     fn start(&self) {
         self.state.lock().outstanding += 1;
+    }
+
+    fn start_write(&self, leaf: &Arc<Leaf>) {
+        let mut st = self.state.lock();
+        st.outstanding += 1;
+        if !st.written.iter().any(|l| Arc::ptr_eq(l, leaf)) {
+            st.written.push(leaf.clone());
+        }
+    }
+
+    /// Queues a flush, into `flush`, of every leaf this batch wrote to that can still take
+    /// I/O: what makes this batch's writes durable, and no more (a small block on RAID-Z
+    /// touches only some of the children; the others have nothing of it to flush).
+    pub fn flush_written(&self, flush: &Arc<IoBatch>) {
+        let written = self.state.lock().written.clone();
+        for leaf in written {
+            if leaf.is_usable() {
+                leaf.flush(flush);
+            }
+        }
     }
 
     fn finish(&self, leaf: &Arc<Leaf>, result: Result<(), DeviceError>) {
@@ -559,7 +581,7 @@ impl Leaf {
     /// Queues a write of `data` at data-area offset `offset`. A leaf that cannot take I/O
     /// reports an error into the batch at once.
     pub fn write(self: &Arc<Self>, offset: u64, data: IoRef, batch: &Arc<IoBatch>) {
-        batch.start();
+        batch.start_write(self);
         match self.queue() {
             Some(q) => {
                 let req = Request::Write {
