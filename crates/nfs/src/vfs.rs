@@ -1069,6 +1069,13 @@ impl NfsReadFileSystem for TankNfs {
 }
 
 impl NfsFileSystem for TankNfs {
+    /// Changes when the service let go of a pool's uncommitted changes without a restart
+    /// (a suspended pool exported, or cleared and opened again): clients then send their
+    /// UNSTABLE writes again rather than take a later COMMIT as covering them.
+    fn write_verifier_epoch(&self) -> u64 {
+        self.exports.svc.lost_uncommitted_epoch()
+    }
+
     async fn setattr(&self, id: &Fh, setattr: sattr3) -> Result<fattr3, nfsstat3> {
         op!(self, "setattr", blocking, self.setattr_sync(id, &setattr))
     }

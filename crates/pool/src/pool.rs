@@ -2752,7 +2752,10 @@ impl Pool {
                 Some(format!(
                     "The pool is suspended: an I/O failure could not be repaired ({r})."
                 )),
-                Some("Fix the devices, then export and import the pool.".to_string()),
+                Some(format!(
+                    "Fix the devices, then run 'tank pool clear {}' (or export and import the pool).",
+                    self.name()
+                )),
             )
         } else if state != "ONLINE" {
             (

@@ -383,6 +383,28 @@ impl Handles {
         }
     }
 
+    /// A pool is let go (exported, destroyed, or a suspended pool opened again): every
+    /// holder of its datasets is told `Destroying` and the handles close, so that no front
+    /// end goes on serving the pool's old state. The share registry's `pool_back` brings
+    /// the front ends back when the pool is open again. Returns how many were held.
+    pub fn let_go_of_pool(&self, pool: &str) -> usize {
+        let held: Vec<Arc<DatasetHandle>> = self
+            .map
+            .lock()
+            .iter()
+            .filter(|((p, _), _)| p == pool)
+            .map(|(_, h)| h.clone())
+            .collect();
+        for h in &held {
+            h.notify(&DatasetEvent::Destroying);
+            self.map.lock().remove(&(h.pool.clone(), h.id));
+            h.shut();
+            h.holders.lock().clear();
+            h.dsl.release(h.id);
+        }
+        held.len()
+    }
+
     /// Before a destroy of `name` (and its descendants): refused while held, unless
     /// `force`, which tells the holders and closes the handles.
     pub fn before_destroy(&self, pool: &str, name: &str, force: bool) -> Res<()> {

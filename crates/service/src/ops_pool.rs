@@ -123,26 +123,13 @@ impl Service {
                     }),
                 }
             }),
-            R::PoolClear { name, device } => self.changing(ctx, &name, |o, ctx| {
-                let back = o
-                    .pool
-                    .clear(device.as_deref())
-                    .map_err(anyhow::Error::from)?;
-                o.pool.log_history(&ctx.command);
-                let done: Vec<String> = back
-                    .iter()
-                    .map(|(dev, (first, last))| {
-                        format!("{dev} is back online; it missed txgs {first}..={last}")
-                    })
-                    .collect();
-                if back.is_empty() {
-                    Ok(Response::Done {
-                        message: format!("cleared the errors of pool '{name}'"),
-                    })
+            R::PoolClear { name, device } => {
+                if device.is_none() && self.is_suspended(&name, ctx)? {
+                    self.resume_suspended(ctx, &name)
                 } else {
-                    self.resilver_missed(o, done)
+                    self.changing(ctx, &name, |o, ctx| self.clear_errors(o, ctx, &name, device))
                 }
-            }),
+            }
             R::PoolReplace {
                 name,
                 old,
@@ -653,6 +640,7 @@ impl Service {
             for line in self.mount_pool(&o) {
                 ctx.note(line);
             }
+            self.shares_back(&st.name);
         }
         Ok(Response::PoolImported {
             name: st.name,
@@ -676,10 +664,16 @@ impl Service {
         let _l = lock.lock();
         let o = self.open_pool(name, ctx)?;
         self.mounts.unmount_pool(name)?;
+        // Its shares stop being served (as `zpool export` unshares), until it is imported.
+        self.mounts.handles().let_go_of_pool(name);
         // A suspended pool cannot write its export: it is let go as a crash would leave it,
         // and imported again once its devices are fixed (its intent log replays then).
         let abandoned = if o.pool.state() == "SUSPENDED" {
-            o.pool.abandon().map_err(anyhow::Error::from)?
+            let a = o.pool.abandon().map_err(anyhow::Error::from)?;
+            if a {
+                self.note_lost_uncommitted();
+            }
+            a
         } else {
             false
         };
@@ -701,11 +695,105 @@ impl Service {
         Ok(Response::Done { message })
     }
 
+    /// `pool clear` of a pool that is not suspended: the error counters, and faulted
+    /// devices that still have their device brought back (then resilvered).
+    fn clear_errors(
+        &self,
+        o: &Opened,
+        ctx: &mut Ctx,
+        name: &str,
+        device: Option<String>,
+    ) -> anyhow::Result<Response> {
+        let back = o
+            .pool
+            .clear(device.as_deref())
+            .map_err(anyhow::Error::from)?;
+        o.pool.log_history(&ctx.command);
+        let done: Vec<String> = back
+            .iter()
+            .map(|(dev, (first, last))| {
+                format!("{dev} is back online; it missed txgs {first}..={last}")
+            })
+            .collect();
+        if back.is_empty() {
+            Ok(Response::Done {
+                message: format!("cleared the errors of pool '{name}'"),
+            })
+        } else {
+            self.resilver_missed(o, done)
+        }
+    }
+
+    /// Pool `name` is open (again): the front ends are told of its shares.
+    fn shares_back(&self, name: &str) {
+        let pools: Vec<std::sync::Arc<tank_dataset::Dsl>> =
+            self.open_pools().iter().map(|o| o.dsl.clone()).collect();
+        self.shares.pool_back(&pools, name);
+    }
+
+    fn is_suspended(&self, name: &str, ctx: &mut Ctx) -> Res<bool> {
+        Ok(self.open_pool(name, ctx)?.pool.state() == "SUSPENDED")
+    }
+
+    /// `pool clear` of a suspended pool: its devices fixed, it is let go as a crash would
+    /// leave it (it cannot write) and opened again from them, at once: the last committed
+    /// txg, then its intent log replayed, so that everything acknowledged as durable is
+    /// there. What was written but neither committed nor logged (no fsync) before the pool
+    /// was suspended is lost, as in a crash, and the message says so. OpenZFS retries the
+    /// failed writes instead and keeps even that; this engine's sync does not resume
+    /// midway, so the pool starts again from what is on its devices.
+    fn resume_suspended(&self, ctx: &mut Ctx, name: &str) -> Res<Response> {
+        let lock = self.pool_lock(name);
+        let _l = lock.lock();
+        let o = self.open_pool(name, ctx)?;
+        if o.pool.state() != "SUSPENDED" {
+            // Resumed meanwhile by another clear.
+            return Ok(self.clear_errors(&o, ctx, name, None)?);
+        }
+        let reason = o.pool.status().suspended.unwrap_or_default();
+        self.mounts.unmount_pool(name)?;
+        self.mounts.handles().let_go_of_pool(name);
+        let abandoned = o.pool.abandon().map_err(anyhow::Error::from)?;
+        if abandoned {
+            self.note_lost_uncommitted();
+        }
+        self.pools.forget(name);
+        drop(o);
+        // Opened again from the cache's devices, as the daemon does at its start.
+        let o = self.open_pool(name, ctx).map_err(|e| {
+            ServiceError::Failed(format!(
+                "pool '{name}' was suspended ({reason}) and could not be opened again: {e}; fix its devices and run 'tank pool clear {name}' again, or import it"
+            ))
+        })?;
+        o.pool.log_history(&ctx.command);
+        if self.is_daemon() {
+            for line in self.mount_pool(&o) {
+                ctx.note(line);
+            }
+        }
+        self.shares_back(name);
+        let state = o.pool.state();
+        if state == "SUSPENDED" {
+            return Err(ServiceError::Failed(format!(
+                "pool '{name}' was opened again and suspended at once: {}",
+                o.pool.status().suspended.unwrap_or_default()
+            )));
+        }
+        // A note as well as the reply: `pool clear` prints nothing of its own (as `zpool
+        // clear`), but what was lost must be said.
+        let message = format!(
+            "pool '{name}' was suspended ({reason}); opened again from its devices ({state}): what was committed, and its intent log, are there; changes written but not committed or synced (no fsync) before it was suspended are lost"
+        );
+        ctx.note(format!("note: {message}"));
+        Ok(Response::Done { message })
+    }
+
     fn pool_destroy(&self, ctx: &mut Ctx, name: &str) -> Res<Response> {
         let lock = self.pool_lock(name);
         let _l = lock.lock();
         let o = self.open_pool(name, ctx)?;
         self.mounts.unmount_pool(name)?;
+        self.mounts.handles().let_go_of_pool(name);
         o.pool.destroy().map_err(anyhow::Error::from)?;
         self.pools.forget(name);
         let mut cache = PoolCache::load(self.data_dir())?;

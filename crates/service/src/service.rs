@@ -95,6 +95,10 @@ pub struct Service {
     /// Set by `shutdown` (after its save): sampling stops, so closed pools do not empty
     /// the history that a later save would then write.
     io_stopped: std::sync::atomic::AtomicBool,
+    /// How many times this process let go of a pool's uncommitted changes without a
+    /// restart (a suspended pool exported, or cleared and opened again): NFS mixes it into
+    /// its write verifier, so that clients send their UNSTABLE writes again.
+    lost_uncommitted: std::sync::atomic::AtomicU64,
 }
 
 /// The I/O history's file in the data directory (`iohistory.rs`).
@@ -159,7 +163,20 @@ impl Service {
             io_sampling: Default::default(),
             io_saved: Default::default(),
             io_stopped: Default::default(),
+            lost_uncommitted: Default::default(),
         }
+    }
+
+    /// See `lost_uncommitted`: changes whenever writes acknowledged but not committed may
+    /// have been dropped while the process ran on.
+    pub fn lost_uncommitted_epoch(&self) -> u64 {
+        self.lost_uncommitted
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(crate) fn note_lost_uncommitted(&self) {
+        self.lost_uncommitted
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Installs the S3 client of backups (once; later calls are ignored).

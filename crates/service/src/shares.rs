@@ -513,6 +513,17 @@ impl Registry {
         }
     }
 
+    /// Pool `pool` is open (again): every protocol server is told of its shares as added,
+    /// and builds what it lacks (after `Handles::let_go_of_pool`, all of them).
+    pub fn pool_back(&self, pools: &[Arc<Dsl>], pool: &str) {
+        let prefix = format!("{pool}/");
+        for s in self.list(pools) {
+            if s.dataset == pool || s.dataset.starts_with(&prefix) {
+                self.notify(ShareChange::Added(s));
+            }
+        }
+    }
+
     /// A protocol's server runs (`on`) or stopped: its shares are listed as served (or as
     /// it says) or not.
     pub fn serving(&self, protocol: &str, on: bool) {

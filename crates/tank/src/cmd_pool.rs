@@ -47,7 +47,8 @@ pub enum PoolCmd {
     Offline(OfflineArgs),
     /// Bring an offline device back; it is resilvered with the txgs it missed.
     Online(DeviceArgs),
-    /// Clear error counters (of one device or all) and bring faulted devices back.
+    /// Clear error counters (of one device or all) and bring faulted devices back; a
+    /// suspended pool whose devices are fixed is opened again from them.
     Clear(ClearArgs),
     /// Resilver the devices that lack txgs now (the daemon does it by itself).
     Resilver(ResilverArgs),

@@ -507,6 +507,165 @@ fn nfs_handles_and_committed_writes_outlive_kill_9() {
     assert!(c.lookup(&root, "x").is_ok());
 }
 
+/// A pool that goes SUSPENDED under an export (its one device on a file system that fills)
+/// and is then cleared (`tank pool clear`) once the device has room: the daemon runs on, the
+/// pool is opened again from its devices, what COMMIT acknowledged before is there, and the
+/// write verifier has changed, so that a client sends its uncommitted writes again instead
+/// of taking a later COMMIT as covering them.
+#[test]
+fn nfs_a_suspended_pool_cleared_changes_the_write_verifier() {
+    const NAME: &str = "nfs_a_suspended_pool_cleared_changes_the_write_verifier";
+    let tmp = tempfile::tempdir().unwrap();
+    let tiny = tmp.path().join("tiny");
+    std::fs::create_dir_all(&tiny).unwrap();
+    // The device's file system: a 40 MiB tmpfs, which a 64 MiB write fills.
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=40M", "tmpfs"])
+        .arg(&tiny)
+        .output()
+        .unwrap();
+    if !mounted.status.success() {
+        return common::skip(
+            NAME,
+            &format!(
+                "cannot mount a tmpfs for the failing device: {}",
+                String::from_utf8_lossy(&mounted.stderr).trim()
+            ),
+        );
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _tiny = Unmount(tiny.clone());
+    let data = tmp.path().join("data");
+    let d = serve(&data);
+    let device = tiny.join("d0");
+    tank(
+        &data,
+        &[
+            "pool",
+            "create",
+            "--size",
+            "256M",
+            "p2",
+            &device.to_string_lossy(),
+        ],
+    );
+    tank(&data, &["dataset", "create", "p2/v"]);
+    tank(
+        &data,
+        &[
+            "share",
+            "add",
+            "nfs",
+            "v",
+            "p2/v",
+            "-o",
+            "clients=127.0.0.1",
+            "-o",
+            "squash=none",
+        ],
+    );
+    let mut c = Rpc::connect(&d.nfs).unwrap();
+    let root = c.mount("/v").unwrap();
+    let f = c
+        .create(&root, "f", createhow3::UNCHECKED(sattr3::default()))
+        .unwrap();
+    let body = pattern(1 << 20, 21);
+    let w = c.write(&f, 0, &body, stable_how::UNSTABLE).unwrap();
+    let before = w.verf;
+    assert_eq!(c.commit(&f).unwrap(), before);
+
+    // More than the device's file system holds, unstable: the pool suspends when its txg
+    // is written. Writes may start failing once it has.
+    let g = c
+        .create(&root, "g", createhow3::UNCHECKED(sattr3::default()))
+        .unwrap();
+    let chunk = pattern(1 << 20, 22);
+    for i in 0..64u64 {
+        if c.write(&g, i << 20, &chunk, stable_how::UNSTABLE).is_err() {
+            break;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = tank(&data, &["pool", "status", "p2"]);
+        if status.contains("SUSPENDED") {
+            assert!(status.contains("tank pool clear p2"), "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool never suspended: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        c.commit(&g).is_err(),
+        "a COMMIT on a suspended pool succeeded"
+    );
+
+    // The device gets room; `pool clear` opens the pool again in the running daemon.
+    let grown = Command::new("mount")
+        .args(["-o", "remount,size=512M"])
+        .arg(&tiny)
+        .status()
+        .unwrap();
+    assert!(grown.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_tank"))
+        .args(["pool", "clear", "p2"])
+        .env("TANK_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && said.contains("opened again"),
+        "{said}"
+    );
+    let status = tank(&data, &["pool", "status", "p2"]);
+    assert!(
+        status.contains("ONLINE") && !status.contains("SUSPENDED"),
+        "{status}"
+    );
+
+    let mut c = Rpc::connect(&d.nfs).unwrap();
+    let after = c.commit(&f).unwrap();
+    assert_ne!(
+        after, before,
+        "the verifier did not change, though uncommitted writes were dropped"
+    );
+    let (back, _) = c.read(&f, 0, 1 << 20).unwrap();
+    assert!(back == body, "committed data differs after the clear");
+    // The export writes and commits again.
+    let w = c.write(&g, 0, &chunk, stable_how::UNSTABLE).unwrap();
+    assert_eq!(c.commit(&g).unwrap(), w.verf);
+
+    // An exported pool is no longer served (as `zpool export` unshares); imported again,
+    // it is, from the imported pool.
+    tank(&data, &["pool", "export", "p2"]);
+    assert!(
+        c.read(&f, 0, 4096).is_err(),
+        "an exported pool is still served"
+    );
+    tank(
+        &data,
+        &["pool", "import", "-d", &tiny.to_string_lossy(), "p2"],
+    );
+    let (back, _) = c.read(&f, 0, 1 << 20).unwrap();
+    assert!(
+        back == body,
+        "committed data differs after export and import"
+    );
+    let (back, _) = c.read(&g, 0, 1 << 20).unwrap();
+    assert!(
+        back == chunk,
+        "the write after the clear differs after export and import"
+    );
+}
+
 /// Malformed records and calls get the RPC error they deserve or a closed connection;
 /// nothing panics, the daemon keeps serving, and a bounded run of random calls changes
 /// nothing of what is there.

@@ -576,7 +576,9 @@ where
                 },
                 count: write3args.count,
                 committed,
-                verf: context.file_handle_converter.verf(),
+                verf: context
+                    .file_handle_converter
+                    .verf_with(context.vfs.write_verifier_epoch()),
             })
         }
         Err(stat) => {
@@ -619,7 +621,9 @@ where
             debug!("commit success {xid}");
             COMMIT3res::Ok(COMMIT3resok {
                 file_wcc: wcc_data { before, after },
-                verf: context.file_handle_converter.verf(),
+                verf: context
+                    .file_handle_converter
+                    .verf_with(context.vfs.write_verifier_epoch()),
             })
         }
         Err(stat) => {

@@ -177,8 +177,10 @@ impl FileHandleConverter {
     /// consistent during a single boot session and must be
     /// unique between instances of the NFS version 3 protocol
     /// server where uncommitted data may be lost.
-    pub const fn verf(&self) -> writeverf3 {
-        writeverf3(self.boot_verifier)
+    ///
+    /// tank: with the file system's epoch mixed in (`NfsFileSystem::write_verifier_epoch`).
+    pub const fn verf_with(&self, epoch: u64) -> writeverf3 {
+        writeverf3((u64::from_le_bytes(self.boot_verifier) ^ epoch).to_le_bytes())
     }
 }
 
@@ -279,7 +281,8 @@ mod tests {
     #[test]
     fn test_with_generation_number_verf() {
         let converter = FileHandleConverter::with_generation_number(12345);
-        assert_eq!(converter.verf().0, 12345u64.to_le_bytes());
+        assert_eq!(converter.verf_with(0).0, 12345u64.to_le_bytes());
+        assert_ne!(converter.verf_with(1).0, 12345u64.to_le_bytes());
     }
 
     #[test]

@@ -248,6 +248,13 @@ pub trait NfsFileSystem: NfsReadFileSystem {
         VFSCapabilities::ReadWrite
     }
 
+    /// tank: mixed into the write verifier. A file system that dropped writes it had
+    /// answered as UNSTABLE, without the server restarting, changes it, so that clients
+    /// send those writes again before they take a COMMIT as covering them.
+    fn write_verifier_epoch(&self) -> u64 {
+        0
+    }
+
     /// Sets the attributes of an id
     /// this should return `Err(nfsstat3::NFS3ERR_ROFS)` if readonly
     fn setattr(
