@@ -984,6 +984,11 @@ impl Dsl {
         self.state.lock().snapshots(head)
     }
 
+    /// Whether `id` has child datasets (snapshots are not children).
+    pub fn has_children(&self, id: u64) -> bool {
+        !self.state.lock().children(id).is_empty()
+    }
+
     /// `id` and everything below it (children, their snapshots), in listing order.
     pub fn subtree(&self, id: u64) -> Vec<u64> {
         let all = self.all_ids();

@@ -23,10 +23,11 @@
 //! mount drops what its kernel caches of the inodes and entries named, so the local view
 //! never shows what NFS changed as it was before.
 //!
-//! Child datasets are reached through their parent's export (crossmnt): a lookup at a
-//! filesystem's root of a name that is a child filesystem dataset (inherited mountpoints
-//! put it there) answers the child's root, with its own fsid, so clients see a mount
-//! boundary. Snapshots are read-only filesystems under `.tank/snapshot/NAME` of each
+//! Child datasets are reached through their parent's export (crossmnt) where their
+//! mountpoints put them: a lookup of the name a descendant filesystem is mounted at, in the
+//! directory that holds its mountpoint (at the root for an inherited one), answers the
+//! child's root, with its own fsid, so clients see a mount boundary; `..` from that root
+//! is the directory again. One mounted outside the parent's tree is not reached. Snapshots are read-only filesystems under `.tank/snapshot/NAME` of each
 //! filesystem (`.tank` is found by name, not listed, as ZFS's hidden `.zfs`). Both are held
 //! or opened by the export on first use (`Export::fs_of`); their handles carry their own
 //! dataset id.
@@ -388,6 +389,130 @@ impl TankNfs {
         Ok((call.fh(&a), call.fattr(&a)))
     }
 
+    /// The child filesystems of `dataset` in this export, each with where it sits in
+    /// `dataset`'s tree: the path of the directory that holds it (components from the
+    /// root) and its name there. A child sits where its mountpoint puts it: inherited, at
+    /// its name below the parent's root; a mountpoint of its own below the parent's, at
+    /// that path (any depth); a mountpoint elsewhere (or `none` or `legacy` of its own)
+    /// puts it outside, and it is not reached through the parent. A filesystem whose
+    /// nearest mounted ancestor is a child in between is that child's, not `dataset`'s.
+    fn mounted_children(export: &Export, dataset: u64) -> Vec<(u64, Vec<String>, String)> {
+        let dsl = &export.dsl;
+        if !dsl.has_children(dataset) {
+            // Most lookups: nothing can be mounted here.
+            return Vec::new();
+        }
+        let own = export.name_of(dataset);
+        let own_mp = dsl.prop(dataset, "mountpoint").unwrap_or_default();
+        let below = format!("{own}/");
+        let mut out = Vec::new();
+        for id in dsl.all_ids() {
+            let name = dsl.name_of(id);
+            let Some(rest) = name.strip_prefix(&below) else {
+                continue;
+            };
+            if !dsl
+                .record(id)
+                .is_ok_and(|r| r.kind == tank_dataset::DatasetKind::Filesystem)
+            {
+                continue;
+            }
+            let mp = dsl.prop(id, "mountpoint").unwrap_or_default();
+            let rel: Vec<String> = if own_mp.starts_with('/') {
+                let base = own_mp.trim_end_matches('/');
+                match mp.strip_prefix(base).and_then(|r| r.strip_prefix('/')) {
+                    Some(r) if !r.is_empty() => r
+                        .split('/')
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                    _ => continue,
+                }
+            } else if !rest.contains('/') && mp == own_mp {
+                // The parent is not mounted (`none`, `legacy`) and the child inherits
+                // that: it is reached at its name, as an inherited mountpoint would put it.
+                vec![rest.to_string()]
+            } else {
+                continue;
+            };
+            if rel.iter().any(|c| c == "." || c == "..") {
+                continue;
+            }
+            out.push((id, rel));
+        }
+        // A filesystem inside another child's place belongs to that child.
+        let nested: Vec<bool> = out
+            .iter()
+            .map(|(_, r)| {
+                out.iter()
+                    .any(|(_, o)| o.len() < r.len() && r.starts_with(o.as_slice()))
+            })
+            .collect();
+        out.into_iter()
+            .zip(nested)
+            .filter(|(_, n)| !n)
+            .filter_map(|((id, mut rel), _)| {
+                let last = rel.pop()?;
+                Some((id, rel, last))
+            })
+            .collect()
+    }
+
+    /// The directory inode at `path` (components from the root) of `fs`, looked up as
+    /// root: where a child is mounted, not what the caller may see (its own lookups are
+    /// checked as usual).
+    fn dir_at(fs: &Fs, path: &[String]) -> Option<Ino> {
+        let root = Cred::root();
+        let mut ino = ROOT_INO;
+        for c in path {
+            let a = fs.lookup(&root, ino, std::ffi::OsStr::new(c)).ok()?;
+            if a.kind != FileKind::Dir {
+                return None;
+            }
+            ino = a.ino;
+        }
+        Some(ino)
+    }
+
+    /// The child filesystem mounted at `name` in directory `dir` of the call's dataset.
+    fn child_mounted_at(&self, call: &Call, dir: Ino, name: &[u8]) -> Option<u64> {
+        let name = std::str::from_utf8(name).ok()?;
+        Self::mounted_children(&call.export, call.dataset)
+            .into_iter()
+            .filter(|(_, _, last)| last == name)
+            .find(|(_, path, _)| Self::dir_at(&call.fs, path) == Some(dir))
+            .map(|(id, _, _)| id)
+    }
+
+    /// `..` from the root of child filesystem `call.dataset`: the directory of the dataset
+    /// it is mounted in (within the export) that holds its mountpoint.
+    fn mounted_in(&self, call: &Call) -> Result<Fh, nfsstat3> {
+        let dsl = &call.export.dsl;
+        let mut name = call.export.name_of(call.dataset);
+        while let Some((parent, _)) = name.rsplit_once('/') {
+            name = parent.to_string();
+            let Ok(pid) = dsl.resolve(&name) else {
+                break;
+            };
+            if let Some((_, path, _)) = Self::mounted_children(&call.export, pid)
+                .into_iter()
+                .find(|(id, _, _)| *id == call.dataset)
+            {
+                let pcall = self.call_on(call.export.clone(), pid)?;
+                let ino = Self::dir_at(&pcall.fs, &path).ok_or(nfsstat3::NFS3ERR_STALE)?;
+                let a = pcall.fs.getattr(ino).map_err(status)?;
+                return Ok(pcall.fh(&a));
+            }
+            if pid == call.export.dataset_id {
+                break;
+            }
+        }
+        // Not mounted inside its parent (it was reached before its mountpoint changed):
+        // the export's root.
+        self.root_of(call.export.clone(), call.export.dataset_id)
+            .map(|r| r.0)
+    }
+
     fn lookup_sync(&self, dir: &Fh, name: &filename3<'_>) -> Result<Fh, nfsstat3> {
         if dir.is_root() {
             if name.0.as_ref() == b"." || name.0.as_ref() == b".." {
@@ -443,28 +568,16 @@ impl TankNfs {
                 return Ok(virt(DOT_TANK));
             }
             if !call.snapshot && n == b".." && call.dataset != call.export.dataset_id {
-                // From a child dataset's root up to its parent's root.
-                let parent = own.rsplit_once('/').map_or(own.as_str(), |p| p.0);
-                let id = call
-                    .export
-                    .dsl
-                    .resolve(parent)
-                    .map_err(|_| nfsstat3::NFS3ERR_STALE)?;
-                return self.root_of(call.export.clone(), id).map(|r| r.0);
+                // From a child dataset's root up to the directory it is mounted in.
+                return self.mounted_in(&call);
             }
         }
-        if dir.ino() == ROOT_INO && !call.snapshot && n != b"." && n != b".." {
-            // A child dataset (its mountpoint inherited, so it sits here): cross into it,
-            // with the search permission a lookup here needs, whether or not its
-            // mountpoint directory exists in this one.
-            if let Some(id) = std::str::from_utf8(n).ok().and_then(|child| {
-                let full = format!("{}/{child}", call.export.name_of(call.dataset));
-                let id = call.export.dsl.resolve(&full).ok()?;
-                let rec = call.export.dsl.record(id).ok()?;
-                (rec.kind == tank_dataset::DatasetKind::Filesystem).then_some(id)
-            }) {
+        if !call.snapshot && n != b"." && n != b".." {
+            // A child dataset mounted here: cross into it, with the search permission a
+            // lookup here needs, whether or not its mountpoint directory exists in this one.
+            if let Some(id) = self.child_mounted_at(&call, dir.ino(), n) {
                 call.fs
-                    .access(&call.cred, ROOT_INO, libc::X_OK)
+                    .access(&call.cred, dir.ino(), libc::X_OK)
                     .map_err(status)?;
                 return self.root_of(call.export.clone(), id).map(|r| r.0);
             }

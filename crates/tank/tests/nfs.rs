@@ -1299,6 +1299,56 @@ fn nfs_serves_snapshots_read_only_and_child_datasets() {
     );
     assert_eq!(c.link(&f, &child, "f").unwrap_err(), nfsstat3::NFS3ERR_XDEV);
 
+    // A child with a mountpoint of its own deeper in the parent's tree is reached at that
+    // path, not at its name; `..` from its root is the directory that holds it.
+    let smp = tank(&data, &["dataset", "get", "-H", "mountpoint", "tank/s"]);
+    let smp = smp.split('\t').nth(2).unwrap().trim().to_string();
+    assert!(smp.starts_with('/'), "{smp}");
+    let x = c.mkdir(&root, "x", 0o755).unwrap();
+    tank(
+        &data,
+        &[
+            "dataset",
+            "create",
+            "-o",
+            &format!("mountpoint={smp}/x/deep"),
+            "tank/s/deep",
+        ],
+    );
+    let deep = c.walk(&root, "x/deep").unwrap();
+    let deep_fsid = c.getattr(&deep).unwrap().fsid;
+    assert_ne!(deep_fsid, live.fsid);
+    assert_ne!(deep_fsid, c.getattr(&child).unwrap().fsid);
+    let df = c
+        .create(&deep, "in-deep", createhow3::UNCHECKED(sattr3::default()))
+        .unwrap();
+    c.write(&df, 0, b"deep data", stable_how::FILE_SYNC)
+        .unwrap();
+    assert_eq!(
+        c.lookup(&deep, "..").unwrap().data.to_vec(),
+        x.data.to_vec()
+    );
+    assert_eq!(
+        c.lookup(&root, "deep").unwrap_err(),
+        nfsstat3::NFS3ERR_NOENT
+    );
+    // A child mounted outside the parent's tree is not reached through it.
+    let away = tmp.path().join("away");
+    tank(
+        &data,
+        &[
+            "dataset",
+            "create",
+            "-o",
+            &format!("mountpoint={}", away.display()),
+            "tank/s/away",
+        ],
+    );
+    assert_eq!(
+        c.lookup(&root, "away").unwrap_err(),
+        nfsstat3::NFS3ERR_NOENT
+    );
+
     // A destroyed snapshot: its handles are stale, its name gone.
     tank(&data, &["dataset", "destroy", "tank/s@one"]);
     assert_eq!(c.read(&old, 0, 10).unwrap_err(), nfsstat3::NFS3ERR_STALE);
