@@ -675,11 +675,14 @@ impl IntentLog {
             }
         }
         drop(st);
-        let errors = batch.wait();
         // Only the leaves the commit wrote to: a small block on RAID-Z is on some of the
-        // children, and flushing the others would make it no safer.
+        // children, and flushing the others would make it no safer. Each flush is queued
+        // behind its leaf's write at once (a leaf's queue runs a flush only after the writes
+        // before it finished), so the commit waits once for writes and flushes together
+        // instead of twice: one wake-up per leaf fewer.
         let flush = IoBatch::new();
         batch.flush_written(&flush);
+        let errors = batch.wait();
         let flush_errors = flush.wait();
         if !errors.is_empty() || !flush_errors.is_empty() {
             let mut st = self.state.lock();
