@@ -517,29 +517,10 @@ fn nfs_a_suspended_pool_cleared_changes_the_write_verifier() {
     const NAME: &str = "nfs_a_suspended_pool_cleared_changes_the_write_verifier";
     let tmp = tempfile::tempdir().unwrap();
     let tiny = tmp.path().join("tiny");
-    std::fs::create_dir_all(&tiny).unwrap();
     // The device's file system: a 40 MiB tmpfs, which a 64 MiB write fills.
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=40M", "tmpfs"])
-        .arg(&tiny)
-        .output()
-        .unwrap();
-    if !mounted.status.success() {
-        return common::skip(
-            NAME,
-            &format!(
-                "cannot mount a tmpfs for the failing device: {}",
-                String::from_utf8_lossy(&mounted.stderr).trim()
-            ),
-        );
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _tiny = Unmount(tiny.clone());
+    let Some(tiny_fs) = common::Tmpfs::mount(NAME, &tiny, "40M") else {
+        return;
+    };
     let data = tmp.path().join("data");
     let d = serve(&data);
     let device = tiny.join("d0");
@@ -609,12 +590,7 @@ fn nfs_a_suspended_pool_cleared_changes_the_write_verifier() {
     );
 
     // The device gets room; `pool clear` opens the pool again in the running daemon.
-    let grown = Command::new("mount")
-        .args(["-o", "remount,size=512M"])
-        .arg(&tiny)
-        .status()
-        .unwrap();
-    assert!(grown.success());
+    tiny_fs.resize("512M");
     let out = Command::new(env!("CARGO_BIN_EXE_tank"))
         .args(["pool", "clear", "p2"])
         .env("TANK_DATA_DIR", &data)

@@ -968,29 +968,10 @@ fn smb_pool_suspended() {
         return;
     };
     let tiny = tmp.path().join("tiny");
-    std::fs::create_dir_all(&tiny).unwrap();
     // The device's file system: a 40 MiB tmpfs, which a 64 MiB write fills.
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=40M", "tmpfs"])
-        .arg(&tiny)
-        .output()
-        .unwrap();
-    if !mounted.status.success() {
-        return common::skip(
-            NAME,
-            &format!(
-                "cannot mount a tmpfs for the failing device: {}",
-                String::from_utf8_lossy(&mounted.stderr).trim()
-            ),
-        );
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _tiny = Unmount(tiny.clone());
+    let Some(tiny_fs) = common::Tmpfs::mount(NAME, &tiny, "40M") else {
+        return;
+    };
     tank(&data, &["user", "add", "alice"], Some("alice-pass-1\n"));
     let device = tiny.join("d0");
     tank(
@@ -1059,12 +1040,7 @@ fn smb_pool_suspended() {
     );
 
     // The device gets room; the pool is exported and imported, and serves again.
-    let grown = Command::new("mount")
-        .args(["-o", "remount,size=512M"])
-        .arg(&tiny)
-        .status()
-        .unwrap();
-    assert!(grown.success());
+    tiny_fs.resize("512M");
     let out = tank(&data, &["pool", "export", "p2"], None);
     assert!(out.contains("suspended"), "{out}");
     tank(

@@ -187,3 +187,54 @@ impl Env {
         err
     }
 }
+
+/// A small tmpfs mounted at a directory of a test's own, for a device that fills up: a
+/// pool on it suspends when its txg no longer fits. Unmounted when dropped.
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (as mount(8) takes it: "40M") at `dir` (created). `None`,
+    /// with test `test` recorded as skipped and why, where mounting is not allowed.
+    pub fn mount(test: &str, dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            skip(
+                test,
+                &format!(
+                    "cannot mount a tmpfs for the failing device: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            );
+            return None;
+        }
+        Some(Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Gives the file system `size` (the device has room again).
+    pub fn resize(&self, size: &str) {
+        let grown = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(
+            grown.success(),
+            "cannot resize the tmpfs at {}",
+            self.0.display()
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
