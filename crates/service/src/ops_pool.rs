@@ -679,7 +679,11 @@ impl Service {
         };
         if !abandoned {
             o.pool.log_history(&ctx.command);
-            o.pool.export().map_err(anyhow::Error::from)?;
+            if let Err(e) = o.pool.export() {
+                // Still imported: its shares are served again.
+                self.shares_back(name);
+                return Err(anyhow::Error::from(e).into());
+            }
         }
         self.pools.forget(name);
         let mut cache = PoolCache::load(self.data_dir())?;
@@ -794,7 +798,10 @@ impl Service {
         let o = self.open_pool(name, ctx)?;
         self.mounts.unmount_pool(name)?;
         self.mounts.handles().let_go_of_pool(name);
-        o.pool.destroy().map_err(anyhow::Error::from)?;
+        if let Err(e) = o.pool.destroy() {
+            self.shares_back(name);
+            return Err(anyhow::Error::from(e).into());
+        }
         self.pools.forget(name);
         let mut cache = PoolCache::load(self.data_dir())?;
         cache.remove(name);
