@@ -27,8 +27,9 @@
 //! mountpoints put them: a lookup of the name a descendant filesystem is mounted at, in the
 //! directory that holds its mountpoint (at the root for an inherited one), answers the
 //! child's root, with its own fsid, so clients see a mount boundary; `..` from that root
-//! is the directory again. One mounted outside the parent's tree is not reached. Snapshots are read-only filesystems under `.tank/snapshot/NAME` of each
-//! filesystem (`.tank` is found by name, not listed, as ZFS's hidden `.zfs`). Both are held
+//! is the directory again. One mounted outside the parent's tree is not reached.
+//! Snapshots are read-only filesystems under `.tank/snapshot/NAME` of each filesystem
+//! (`.tank` is found by name, not listed, as ZFS's hidden `.zfs`). Both are held
 //! or opened by the export on first use (`Export::fs_of`); their handles carry their own
 //! dataset id.
 //!

@@ -5,8 +5,8 @@
 //! the change, opaque bytes). They go to stable storage as one *commit*: one or more log
 //! blocks, each checksummed over itself (its parent cannot hold its checksum: it is written
 //! before anything points at it), chained by sequence number, the last marked as the end of
-//! the commit; then the log devices it was written to are flushed. Replay applies entries only up to the last
-//! complete commit.
+//! the commit; then the log devices it was written to are flushed. Replay applies entries
+//! only up to the last complete commit.
 //!
 //! Blocks are written into a *ring*: the whole of a `log` vdev when the pool has one (a
 //! mirrored log vdev mirrors every block), otherwise a region of a normal vdev allocated
