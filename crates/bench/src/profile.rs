@@ -364,6 +364,14 @@ impl TimingModel for HddModel {
         *head = offset + len;
         Duration::from_secs_f64(positioning_ms / 1e3 + len as f64 / bw)
     }
+
+    fn transfer_time(&self, op: IoKind, len: u64) -> Duration {
+        match op {
+            IoKind::Read => Duration::from_secs_f64(len as f64 / self.profile.read_bw),
+            IoKind::Write => Duration::from_secs_f64(len as f64 / self.profile.write_bw),
+            IoKind::Flush | IoKind::Trim => Duration::ZERO,
+        }
+    }
 }
 
 /// Emulates flash: requests are served side by side (up to the device's queue depth), each

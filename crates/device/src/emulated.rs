@@ -13,6 +13,12 @@
 //! (flash) is consulted for operations side by side and shares the device out itself.
 //! Failed operations take their modelled time too. The device keeps the inner device's name.
 //!
+//! Each device keeps a [`Timeline`] of what it did: operations and bytes by kind, the time it
+//! was busy by the model (and how much of that was positioning: seeks and rotation), the
+//! idle time between operations, and the time the inner device ran past the model's (the
+//! host, not the model, setting the pace). A benchmark takes one before and after a phase and
+//! shows per disk where the time went ([`Timeline::since`]).
+//!
 //! A *scratch* emulated device ([`EmulatedDevice::scratch`]) does not pass flushes on: the
 //! files behind a benchmark's emulated build are thrown away after it, and a host flush
 //! (writing back everything the page cache holds of them) would put the host disk's time into
@@ -49,6 +55,69 @@ pub trait TimingModel: Send + Sync + std::fmt::Debug {
     fn serial(&self) -> bool {
         true
     }
+    /// The part of an operation's service time that moves its bytes (the rest of it is
+    /// positioning: seek and rotation). Zero for a model that does not tell them apart.
+    fn transfer_time(&self, _op: IoKind, _len: u64) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// What an emulated device did, summed since it was made (see the module documentation).
+/// Times are in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeline {
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Modelled service time of every operation: the device busy.
+    pub busy_ns: u64,
+    /// The part of reads' and writes' `busy_ns` spent positioning (seeks, rotation) rather
+    /// than moving bytes.
+    pub positioning_ns: u64,
+    /// Operations that paid any positioning.
+    pub repositions: u64,
+    /// Time between one operation's modelled end and the next one's start: the device idle.
+    pub idle_ns: u64,
+    /// Idle stretches of a millisecond or more (a short one is a hand-off between requests).
+    pub idle_gaps: u64,
+    /// Time the inner device took beyond the modelled service time.
+    pub overrun_ns: u64,
+}
+
+impl Timeline {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &Timeline) -> Timeline {
+        Timeline {
+            reads: self.reads - earlier.reads,
+            writes: self.writes - earlier.writes,
+            flushes: self.flushes - earlier.flushes,
+            read_bytes: self.read_bytes - earlier.read_bytes,
+            write_bytes: self.write_bytes - earlier.write_bytes,
+            busy_ns: self.busy_ns - earlier.busy_ns,
+            positioning_ns: self.positioning_ns - earlier.positioning_ns,
+            repositions: self.repositions - earlier.repositions,
+            idle_ns: self.idle_ns - earlier.idle_ns,
+            idle_gaps: self.idle_gaps - earlier.idle_gaps,
+            overrun_ns: self.overrun_ns - earlier.overrun_ns,
+        }
+    }
+
+    fn count(&mut self, op: IoKind, len: u64) {
+        match op {
+            IoKind::Read => {
+                self.reads += 1;
+                self.read_bytes += len;
+            }
+            IoKind::Write => {
+                self.writes += 1;
+                self.write_bytes += len;
+            }
+            IoKind::Flush => self.flushes += 1,
+            IoKind::Trim => {}
+        }
+    }
 }
 
 /// A model in which everything is instantaneous.
@@ -72,6 +141,9 @@ pub struct EmulatedDevice {
     /// Serializes operations, like the single actuator of a disk; holds when the previous
     /// operation was due to end.
     head: Mutex<Option<Instant>>,
+    /// What the device did (the module documentation), and when it was last free: the later
+    /// of the last operation's modelled end and the inner device's completion of it.
+    timeline: Mutex<(Timeline, Option<Instant>)>,
     /// Whether flushes reach the inner device (not for a scratch device).
     forward_flush: bool,
 }
@@ -82,6 +154,7 @@ impl EmulatedDevice {
             inner,
             model,
             head: Mutex::new(None),
+            timeline: Mutex::new((Timeline::default(), None)),
             forward_flush: true,
         }
     }
@@ -105,12 +178,53 @@ impl EmulatedDevice {
         &self.model
     }
 
+    /// What the device has done so far.
+    pub fn timeline(&self) -> Timeline {
+        self.timeline.lock().0
+    }
+
+    /// Adds one operation to the timeline: started at `start` (for a serial device; idle
+    /// time is not counted for one that is not), `service` modelled, the inner device done at
+    /// `done` against the modelled `end`.
+    fn record(
+        &self,
+        op: IoKind,
+        len: u64,
+        service: Duration,
+        start: Option<Instant>,
+        end: Instant,
+        done: Instant,
+    ) {
+        let transfer = self.model.transfer_time(op, len).min(service);
+        let ns = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let mut guard = self.timeline.lock();
+        let (t, last_free) = &mut *guard;
+        let idle = match (start, *last_free) {
+            (Some(start), Some(free)) => start.saturating_duration_since(free),
+            _ => Duration::ZERO,
+        };
+        *last_free = Some(end.max(done));
+        t.count(op, len);
+        t.busy_ns += ns(service);
+        if matches!(op, IoKind::Read | IoKind::Write) && service > transfer {
+            t.positioning_ns += ns(service - transfer);
+            t.repositions += 1;
+        }
+        t.idle_ns += ns(idle);
+        if idle >= CATCH_UP {
+            t.idle_gaps += 1;
+        }
+        t.overrun_ns += ns(done.saturating_duration_since(end));
+    }
+
     fn timed<T>(&self, op: IoKind, offset: u64, len: u64, f: impl FnOnce() -> T) -> T {
         if !self.model.serial() {
             let start = Instant::now();
-            let end = start + self.model.service_time(op, offset, len);
+            let service = self.model.service_time(op, offset, len);
+            let end = start + service;
             let out = f();
             let now = Instant::now();
+            self.record(op, len, service, None, end, now);
             if end > now {
                 std::thread::sleep(end - now);
             }
@@ -131,6 +245,7 @@ impl EmulatedDevice {
         let end = start + service;
         *previous_end = Some(end);
         let now = Instant::now();
+        self.record(op, len, service, Some(start), end, now);
         if end > now {
             std::thread::sleep(end - now);
         }
@@ -244,6 +359,46 @@ mod tests {
                 (IoKind::Flush, 0, 0)
             ]
         );
+    }
+
+    /// A model that charges 5 ms an operation, 2 ms of it moving the bytes.
+    #[derive(Debug)]
+    struct SplitCost;
+
+    impl TimingModel for SplitCost {
+        fn service_time(&self, _op: IoKind, _offset: u64, _len: u64) -> Duration {
+            Duration::from_millis(5)
+        }
+        fn transfer_time(&self, _op: IoKind, _len: u64) -> Duration {
+            Duration::from_millis(2)
+        }
+    }
+
+    #[test]
+    fn the_timeline_counts_operations_busy_positioning_and_idle_time() {
+        let dev = EmulatedDevice::new(Arc::new(MemDevice::new("m", 1 << 20)), Arc::new(SplitCost));
+        assert_eq!(dev.timeline(), Timeline::default());
+        dev.write_at(&[7; 4096], 0).unwrap();
+        dev.write_vectored_at(&[&[1; 512], &[2; 512]], 4096)
+            .unwrap();
+        let before = dev.timeline();
+        std::thread::sleep(Duration::from_millis(20));
+        let mut b = [0u8; 2048];
+        dev.read_at(&mut b, 0).unwrap();
+        dev.flush().unwrap();
+        let all = dev.timeline();
+        assert_eq!((all.writes, all.reads, all.flushes), (2, 1, 1));
+        assert_eq!((all.write_bytes, all.read_bytes), (5120, 2048));
+        assert_eq!(all.busy_ns, 20_000_000, "four operations of 5 ms");
+        // The flush is no reposition: only reads and writes move the head.
+        assert_eq!((all.repositions, all.positioning_ns), (3, 9_000_000));
+        assert_eq!(all.idle_gaps, 1, "one pause of 20 ms");
+        assert!(all.idle_ns >= 20_000_000, "idle {} ns", all.idle_ns);
+        assert!(all.idle_ns < 1_000_000_000, "idle {} ns", all.idle_ns);
+        let later = all.since(&before);
+        assert_eq!((later.writes, later.reads, later.flushes), (0, 1, 1));
+        assert_eq!(later.busy_ns, 10_000_000);
+        assert_eq!(later.idle_gaps, 1);
     }
 
     /// A device whose flush always fails, to tell whether a flush reached it.

@@ -27,7 +27,7 @@ mod iobuf;
 mod mem;
 mod sim;
 
-pub use emulated::{EmulatedDevice, IoKind, NullTiming, TimingModel};
+pub use emulated::{EmulatedDevice, IoKind, NullTiming, Timeline, TimingModel};
 pub use file::{create_sparse_file, FileDevice, FileDeviceOptions};
 pub use iobuf::{recycle_limit, IoBuf, IoRef, IO_ALIGN};
 pub use mem::MemDevice;

@@ -2387,14 +2387,13 @@ impl Pool {
             timestamp: now_secs(),
             root: root_bp,
         };
-        let mut written = 0;
-        for leaf in self.leaves() {
-            if let (true, Some(dev)) = (leaf.is_usable(), leaf.device()) {
-                if label::write_uberblock(dev.as_ref(), &ub).is_ok() && dev.flush().is_ok() {
-                    written += 1;
-                }
-            }
-        }
+        let devices: Vec<DeviceRef> = self
+            .leaves()
+            .into_iter()
+            .filter(|leaf| leaf.is_usable())
+            .filter_map(|leaf| leaf.device())
+            .collect();
+        let written = write_uberblocks(&devices, &ub);
         if written == 0 {
             return Err(PoolError::Corrupt(format!(
                 "txg {txg}: no device accepted the uberblock"
@@ -2936,6 +2935,34 @@ fn health_loop(pool: std::sync::Weak<Pool>) {
         drop(p);
         std::thread::park_timeout(Duration::from_millis(200));
     }
+}
+
+/// Most threads a txg's commit writes uberblocks with; a pool of more devices gives each
+/// thread a few in turn.
+const UBERBLOCK_THREADS: usize = 32;
+
+/// Writes `ub` into the labels of every device and flushes each, the devices side by side
+/// (ZFS's vdev_uberblock_sync_list issues them all at once); returns how many took it.
+/// One device after another, each commit kept every other disk idle while one seeked to
+/// its labels at both ends and flushed: on a 7-disk raidz2 of emulated hard disks that was
+/// more than half of the disks' time during a stream of writes.
+fn write_uberblocks(devices: &[DeviceRef], ub: &Uberblock) -> usize {
+    let one =
+        |dev: &DeviceRef| label::write_uberblock(dev.as_ref(), ub).is_ok() && dev.flush().is_ok();
+    if devices.len() <= 1 {
+        return devices.iter().filter(|d| one(d)).count();
+    }
+    std::thread::scope(|scope| {
+        let groups: Vec<_> = devices
+            .chunks(devices.len().div_ceil(UBERBLOCK_THREADS))
+            .map(|group| scope.spawn(move || group.iter().filter(|d| one(d)).count()))
+            .collect();
+        groups
+            .into_iter()
+            // A panic in a device's write is a bug below us: that device counts as failed.
+            .map(|g| g.join().unwrap_or(0))
+            .sum()
+    })
 }
 
 fn sync_loop(pool: std::sync::Weak<Pool>) {

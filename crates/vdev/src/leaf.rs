@@ -280,6 +280,13 @@ enum Request {
         data: IoRef,
         batch: Arc<IoBatch>,
     },
+    /// Zeros over padding sectors of a block being written (`RaidzGeometry::padding`):
+    /// optional, written only inside a run of joined writes, where they fill the gap
+    /// between two real ones; nothing waits for them.
+    Pad {
+        offset: u64,
+        len: u64,
+    },
     Flush {
         batch: Arc<IoBatch>,
     },
@@ -594,6 +601,20 @@ impl Leaf {
                 }
             }
             None => batch.finish(self, Err(self.unavailable())),
+        }
+    }
+
+    /// Queues optional zeros over `len` bytes of padding at data-area offset `offset` (see
+    /// `Request::Pad`); a leaf that cannot take I/O drops them.
+    pub fn pad(self: &Arc<Self>, offset: u64, len: u64) {
+        if len > ZEROS.0.len() as u64 {
+            return;
+        }
+        if let Some(q) = self.queue() {
+            let _ = q.send(Request::Pad {
+                offset: offset + FRONT_RESERVE,
+                len,
+            });
         }
     }
 
@@ -932,6 +953,7 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                     Request::Write { batch, .. } | Request::Flush { batch } => {
                         batch.finish(&leaf, Err(leaf.unavailable()))
                     }
+                    Request::Pad { .. } => {}
                 }
             }
             continue;
@@ -957,6 +979,7 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
             .iter()
             .map(|r| match r {
                 Some(Request::Write { offset, data, .. }) => (*offset, data.len() as u64),
+                Some(Request::Pad { offset, len }) => (*offset, *len),
                 _ => unreachable!("a segment holds writes only"),
             })
             .collect();
@@ -987,22 +1010,34 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                 total += len;
                 end += 1;
             }
-            let run: Vec<(u64, IoRef, Arc<IoBatch>)> = order[k..end]
+            // Each piece: (offset, bytes, the batch waiting for it; None for padding).
+            let mut run: Vec<(u64, Piece, Option<Arc<IoBatch>>)> = order[k..end]
                 .iter()
                 .map(|&i| match segment[i].take() {
                     Some(Request::Write {
                         offset,
                         data,
                         batch,
-                    }) => (offset, data, batch),
+                    }) => (offset, Piece::Data(data), Some(batch)),
+                    Some(Request::Pad { offset, len }) => (offset, Piece::Zeros(len), None),
                     _ => unreachable!("each write is served once"),
                 })
                 .collect();
             k = end;
-            let offset = run[0].0;
+            // Padding is written only between two real writes of the run: at either end
+            // it would join nothing.
+            while run.last().is_some_and(|(_, _, b)| b.is_none()) {
+                run.pop();
+            }
+            let lead = run.iter().take_while(|(_, _, b)| b.is_none()).count();
+            run.drain(..lead);
+            let Some(&(offset, _, _)) = run.first() else {
+                continue;
+            };
             if run.len() > 1 {
+                let total: u64 = run.iter().map(|(_, p, _)| p.len() as u64).sum();
                 // Handed down as a list of buffers (pwritev), not copied together.
-                let bufs: Vec<&[u8]> = run.iter().map(|(_, d, _)| &d[..]).collect();
+                let bufs: Vec<&[u8]> = run.iter().map(|(_, p, _)| p.bytes()).collect();
                 let started = std::time::Instant::now();
                 if dev.write_vectored_at(&bufs, offset).is_ok() {
                     let took = started.elapsed();
@@ -1011,15 +1046,18 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
                     leaf.stats.write_ops.fetch_add(1, Ordering::Relaxed);
                     leaf.stats.write_bytes.fetch_add(total, Ordering::Relaxed);
                     head = offset + total;
-                    for (_, _, batch) in run {
+                    for batch in run.into_iter().filter_map(|(_, _, b)| b) {
                         batch.finish(&leaf, Ok(()));
                     }
                     continue;
                 }
-                // The joined write failed: each piece again on its own, so that each
-                // request gets its own result and error report.
+                // The joined write failed: each piece again on its own (padding not), so
+                // that each request gets its own result and error report.
             }
-            for (offset, data, batch) in run {
+            for (offset, data, batch) in run.into_iter().filter_map(|(o, p, b)| match p {
+                Piece::Data(d) => b.map(|b| (o, d, b)),
+                Piece::Zeros(_) => None,
+            }) {
                 let started = std::time::Instant::now();
                 let r = dev.write_at(&data, offset);
                 let took = started.elapsed();
@@ -1054,6 +1092,31 @@ fn worker(dev: DeviceRef, rx: Receiver<Request>, leaf: std::sync::Weak<Leaf>) {
 /// Largest write the writer makes of adjacent queued writes (ZFS's
 /// zfs_vdev_aggregation_limit).
 const AGGREGATE_MAX: u64 = 1 << 20;
+
+/// Zeros for padding writes: one sector of the largest ashift, aligned for O_DIRECT.
+#[repr(align(4096))]
+struct Zeros([u8; 1 << 16]);
+static ZEROS: Zeros = Zeros([0; 1 << 16]);
+
+/// One piece of a run of joined writes.
+enum Piece {
+    Data(IoRef),
+    /// Zeros of this many bytes (padding; at most `ZEROS`).
+    Zeros(u64),
+}
+
+impl Piece {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Piece::Data(d) => d,
+            Piece::Zeros(len) => &ZEROS.0[..*len as usize],
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+}
 
 /// The order in which to serve writes of `(offset, len)` with the head at `head`: ascending
 /// offsets starting from the first at or after `head`, then wrapping to the lowest (C-LOOK);
@@ -1095,7 +1158,119 @@ mod latency_tests {
 
 #[cfg(test)]
 mod tests {
-    use super::elevator_order;
+    use super::*;
+    use tank_device::{BlockDevice, MemDevice};
+
+    /// A device that records every write it is given (offset, length) and holds its first
+    /// write until `open` is set, so that a test can queue everything else behind it.
+    #[derive(Debug)]
+    struct Recorder {
+        inner: MemDevice,
+        writes: Mutex<Vec<(u64, u64)>>,
+        open: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    impl Recorder {
+        fn hold_until_open(&self) {
+            let mut open = self.open.lock();
+            while !*open {
+                self.opened.wait(&mut open);
+            }
+        }
+    }
+
+    impl BlockDevice for Recorder {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> tank_device::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> tank_device::Result<()> {
+            self.hold_until_open();
+            self.writes.lock().push((offset, buf.len() as u64));
+            self.inner.write_at(buf, offset)
+        }
+        fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> tank_device::Result<()> {
+            self.hold_until_open();
+            let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+            self.writes.lock().push((offset, len));
+            let mut at = offset;
+            for b in bufs {
+                self.inner.write_at(b, at)?;
+                at += b.len() as u64;
+            }
+            Ok(())
+        }
+        fn flush(&self) -> tank_device::Result<()> {
+            Ok(())
+        }
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+    }
+
+    #[test]
+    fn padding_joins_writes_on_either_side_and_is_dropped_elsewhere() {
+        const K: u64 = 4096;
+        let dev = Arc::new(Recorder {
+            inner: MemDevice::new("rec", 64 << 20),
+            writes: Mutex::new(Vec::new()),
+            open: Mutex::new(false),
+            opened: Condvar::new(),
+        });
+        // Stale bytes where the padding goes: the joined write must put zeros there.
+        dev.inner
+            .write_at(&[0xee; 4096], FRONT_RESERVE + 7 * K)
+            .unwrap();
+        dev.inner
+            .write_at(&[0xee; 4096], FRONT_RESERVE + 10 * K)
+            .unwrap();
+        dev.inner
+            .write_at(&[0xee; 4096], FRONT_RESERVE + 100 * K)
+            .unwrap();
+        let leaf = Leaf::new(1, "rec".into(), 64 << 20, Some(dev.clone()));
+        let batch = IoBatch::new();
+        // Held by the device, so that the rest is queued before the writer looks again.
+        leaf.write(40 * K, IoRef::copy_of(&[9; 4096]), &batch);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Two blocks with a padding sector between them, a padding sector after the
+        // second (joins nothing), and a padding sector on its own far away.
+        leaf.write(0, IoRef::copy_of(&[1; 28672]), &batch);
+        leaf.pad(7 * K, K);
+        leaf.write(8 * K, IoRef::copy_of(&[2; 8192]), &batch);
+        leaf.pad(10 * K, K);
+        leaf.pad(100 * K, K);
+        *dev.open.lock() = true;
+        dev.opened.notify_all();
+        assert!(batch.wait().is_empty());
+        let mut writes = dev.writes.lock().clone();
+        writes.sort_unstable();
+        assert_eq!(
+            writes,
+            vec![(FRONT_RESERVE, 10 * K), (FRONT_RESERVE + 40 * K, K)],
+            "the two blocks and the padding between them as one write, nothing else"
+        );
+        let mut back = vec![0u8; 10 * K as usize];
+        dev.inner.read_at(&mut back, FRONT_RESERVE).unwrap();
+        assert!(back[..28672].iter().all(|&b| b == 1));
+        assert!(
+            back[28672..32768].iter().all(|&b| b == 0),
+            "padding is zeros"
+        );
+        assert!(back[32768..].iter().all(|&b| b == 2));
+        for at in [10 * K, 100 * K] {
+            let mut left = vec![0u8; 4096];
+            dev.inner.read_at(&mut left, FRONT_RESERVE + at).unwrap();
+            assert!(
+                left.iter().all(|&b| b == 0xee),
+                "padding joining nothing is not written"
+            );
+        }
+        assert_eq!(leaf.stats.write_bytes.load(Ordering::Relaxed), 11 * K);
+        leaf.close();
+    }
 
     #[test]
     fn writes_are_served_upwards_from_the_head_then_wrap() {

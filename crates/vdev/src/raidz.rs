@@ -248,6 +248,29 @@ impl RaidzGeometry {
         }
     }
 
+    /// The padding sectors of a block at vdev-space byte `offset` of `psize` bytes: the
+    /// vdev sectors `[b + tot, b + asize)` its allocation holds beyond its columns, one
+    /// sector each on consecutive children. They belong to no other block, so zeros may be
+    /// written there; a leaf writes them only where they join the writes on either side
+    /// into one run (ZFS's optional skip-sector I/Os), so that a stream of blocks reaches
+    /// every disk as one ascending write instead of a run broken at each padding sector.
+    pub fn padding(&self, offset: u64, psize: u64) -> Vec<RaidzCol> {
+        self.check_psize(psize);
+        let dcols = self.children as u64;
+        let p = self.parity as u64;
+        let b = offset >> self.ashift;
+        let s = psize >> self.ashift;
+        let tot = s + p * s.div_ceil(dcols - p);
+        let asize = self.asize(psize) >> self.ashift;
+        (b + tot..b + asize)
+            .map(|k| RaidzCol {
+                child: (k % dcols) as usize,
+                offset: (k / dcols) << self.ashift,
+                size: self.sector(),
+            })
+            .collect()
+    }
+
     /// Size of the vdev address space given the usable size of the smallest child
     /// (rounded down to whole sectors): `child_sectors * children * sector`.
     pub fn vdev_space(&self, child_usable: u64) -> u64 {
@@ -407,6 +430,40 @@ mod tests {
         assert_eq!(m.parity_size(), 8 * K);
         assert_eq!(m.psize(), 20 * K);
         assert!(m.skip.is_empty());
+    }
+
+    #[test]
+    fn padding_and_columns_tile_the_allocation_exactly() {
+        for (children, parity, ashift) in
+            [(7, 2, 12), (6, 2, 12), (5, 1, 9), (8, 3, 12), (4, 3, 16)]
+        {
+            let g = RaidzGeometry::new(children, parity, ashift).unwrap();
+            let sector = 1u64 << ashift;
+            for sectors in [1u64, 2, 3, 5, 7, 8, 31, 32, 33, 64, 255, 256] {
+                let psize = sectors * sector;
+                for b in [0u64, 1, 2, 3, children as u64 - 1, 97] {
+                    let offset = b * sector;
+                    let map = g.map(offset, psize);
+                    let pads = g.padding(offset, psize);
+                    assert!(pads.len() <= parity, "fewer padding sectors than p + 1");
+                    // Every child sector of the allocation, from the columns and the
+                    // padding, once: vdev sector k is child k % N, child sector k / N.
+                    let mut got: Vec<(usize, u64)> = Vec::new();
+                    for c in map.cols.iter().chain(&pads) {
+                        for i in 0..c.size / sector {
+                            got.push((c.child, c.offset / sector + i));
+                        }
+                    }
+                    got.sort_unstable();
+                    let asize = g.asize(psize) / sector;
+                    let mut want: Vec<(usize, u64)> = (b..b + asize)
+                        .map(|k| ((k % children as u64) as usize, k / children as u64))
+                        .collect();
+                    want.sort_unstable();
+                    assert_eq!(got, want, "N={children} p={parity} s={sectors} b={b}");
+                }
+            }
+        }
     }
 
     #[test]

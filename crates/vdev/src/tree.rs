@@ -305,6 +305,9 @@ impl TopVdev {
                 for (col, buf) in map.cols.iter().zip(cols) {
                     self.leaves[col.child].write(col.offset, buf, batch);
                 }
+                for pad in g.padding(offset, data.len() as u64) {
+                    self.leaves[pad.child].pad(pad.offset, pad.size);
+                }
             }
         }
         Ok(())

@@ -3,8 +3,8 @@
 //! would run it.
 //!
 //! # Theory of operation
-//! Each device is a sparse file in a temporary directory under the data directory, wrapped in
-//! an `EmulatedDevice` whose timing model stretches the file's offsets over the profile's full
+//! Each device is a sparse file in a temporary directory under the data directory (or as
+//! much memory, below), wrapped in an `EmulatedDevice` whose timing model stretches the file's offsets over the profile's full
 //! capacity (so seeks cost what they would on the real disk). The pool is built with the
 //! zpool grammar (`EmulatedBuild::vdev_tokens`), and every run gets a new pool:
 //! - the default (filesystem level): a filesystem dataset (compression off, the record size
@@ -18,6 +18,13 @@
 //!   whose files are not well above the profile's pace cannot emulate it, and the output
 //!   says so.
 //!
+//! The devices keep their bytes in the process's memory when the run fits in a quarter of
+//! the host's ([`backing_for`]), in the sparse files otherwise: a disk moves its bytes by
+//! DMA, while the host's page cache copies them with the same CPUs the pool works on, and on
+//! a small host that made the host, not the model, set the pace. Each device keeps a
+//! timeline (busy, positioning, idle, host overrun); `--engine` prints where each device's
+//! time went in each phase of the last run.
+//!
 //! The process's ARC is set to `--arc` (a build scaled down in capacity is scaled down in
 //! memory too), and the default size is four times that, so the cache cannot flatter reads.
 //! The temporary pool and files are removed at the end of each run, also on errors.
@@ -25,7 +32,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::emulate::EmulatedBuild;
 use crate::fsbench::{self, median, FsBenchConfig, FsFigures};
@@ -33,7 +40,9 @@ use crate::DeviceProfile;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tank_dataset::{DatasetKind, Dsl, Op};
-use tank_device::{BlockDevice, DeviceRef, EmulatedDevice, FileDevice, FileDeviceOptions};
+use tank_device::{
+    BlockDevice, DeviceRef, EmulatedDevice, FileDevice, FileDeviceOptions, MemDevice, Timeline,
+};
 use tank_object::ObjectStore;
 use tank_pool::{CreateOptions, Pool, PoolSpec};
 
@@ -118,13 +127,43 @@ fn device_size(build: &EmulatedBuild, bytes: u64) -> u64 {
     (per as u64 + (512 << 20)).max(1 << 30)
 }
 
-/// An emulated device of `profile` on a sparse file at `path` (scratch: its flushes cost the
-/// model's time, not the host disk's).
-fn emulated_device(path: &Path, profile: &DeviceProfile, bytes: u64) -> Result<EmulatedDevice> {
-    Ok(EmulatedDevice::scratch(
-        device_file(path, bytes)?,
-        profile.model(bytes),
-    ))
+/// Where an emulated build's devices keep their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// Sparse files in the run's temporary directory.
+    Files,
+    /// The process's memory: a disk moves its bytes by DMA, and the host's page cache would
+    /// spend these two CPUs copying them (half of all samples of a 7-disk write) that the
+    /// pool's own work needs, so the host and not the model set the pace.
+    Memory,
+}
+
+/// Memory when a run that writes `bytes` to `build` fits in a quarter of this host's
+/// memory (its data, the redundancy, and the rewrite's second copy), files otherwise.
+pub fn backing_for(build: &EmulatedBuild, bytes: u64) -> Backing {
+    let held = bytes as f64 / build.data_fraction().max(0.01) * 2.0;
+    let budget = tank_object::arc::physical_memory() as f64 / 4.0;
+    if held <= budget {
+        Backing::Memory
+    } else {
+        Backing::Files
+    }
+}
+
+/// An emulated device of `profile` of `bytes` at `path` (a sparse file there, or as much
+/// memory: zero pages until written) (scratch: its flushes cost the model's time, not the
+/// host disk's).
+fn emulated_device(
+    path: &Path,
+    profile: &DeviceProfile,
+    bytes: u64,
+    backing: Backing,
+) -> Result<EmulatedDevice> {
+    let inner: DeviceRef = match backing {
+        Backing::Files => device_file(path, bytes)?,
+        Backing::Memory => Arc::new(MemDevice::new(path.display().to_string(), bytes)),
+    };
+    Ok(EmulatedDevice::scratch(inner, profile.model(bytes)))
 }
 
 /// A new sparse file of `bytes` at `path`, as a device.
@@ -142,10 +181,26 @@ fn device_file(path: &Path, bytes: u64) -> Result<DeviceRef> {
 /// Builds the emulated pool of `build` in `dir` (device files of `dev_size`, log and cache
 /// devices of 1 GiB).
 pub fn create_pool(build: &EmulatedBuild, dev_size: u64, dir: &Path) -> Result<Arc<Pool>> {
+    Ok(create_pool_watched(build, dev_size, dir, Backing::Files)?.0)
+}
+
+/// An emulated pool's devices by name.
+type Watched = Vec<(String, Arc<EmulatedDevice>)>;
+
+/// `create_pool` with the devices' bytes where `backing` says, and the emulated devices by
+/// name, to read their timelines.
+fn create_pool_watched(
+    build: &EmulatedBuild,
+    dev_size: u64,
+    dir: &Path,
+    backing: Backing,
+) -> Result<(Arc<Pool>, Watched)> {
     let mut devices: HashMap<String, DeviceRef> = HashMap::new();
+    let mut watched = Vec::new();
     let mut make = |name: String, profile: &DeviceProfile, bytes: u64| -> Result<String> {
-        let dev = emulated_device(&dir.join(&name), profile, bytes)?;
-        devices.insert(name.clone(), Arc::new(dev));
+        let dev = Arc::new(emulated_device(&dir.join(&name), profile, bytes, backing)?);
+        watched.push((name.clone(), dev.clone()));
+        devices.insert(name.clone(), dev);
         Ok(name)
     };
     let data: Vec<String> = (0..build.count)
@@ -160,7 +215,87 @@ pub fn create_pool(build: &EmulatedBuild, dev_size: u64, dir: &Path) -> Result<A
     }
     let spec = PoolSpec::parse(&tokens, true)?;
     let (pool, _) = Pool::create(POOL, &spec, &devices, &CreateOptions::default())?;
-    Ok(pool)
+    Ok((pool, watched))
+}
+
+/// What each emulated device did during one phase of a run, and how long the phase took.
+#[derive(Debug, Clone)]
+pub struct PhaseDisks {
+    pub phase: &'static str,
+    pub wall: Duration,
+    pub disks: Vec<(String, Timeline)>,
+}
+
+/// Takes the devices' timelines at the start of a phase; `end` gives what each did in it.
+struct PhaseWatch<'a> {
+    devices: &'a [(String, Arc<EmulatedDevice>)],
+    start: Instant,
+    before: Vec<Timeline>,
+}
+
+impl<'a> PhaseWatch<'a> {
+    fn start(devices: &'a [(String, Arc<EmulatedDevice>)]) -> Self {
+        PhaseWatch {
+            devices,
+            start: Instant::now(),
+            before: devices.iter().map(|(_, d)| d.timeline()).collect(),
+        }
+    }
+
+    fn end(self, phase: &'static str) -> PhaseDisks {
+        let wall = self.start.elapsed();
+        let disks = self
+            .devices
+            .iter()
+            .zip(&self.before)
+            .map(|((name, d), before)| (name.clone(), d.timeline().since(before)))
+            .collect();
+        PhaseDisks { phase, wall, disks }
+    }
+}
+
+/// Prints where each device's time went in each phase: busy (by the model) and of that
+/// positioning (seeks and rotation), idle (and in gaps of 1 ms or more), the host running
+/// past the model, and the mean request.
+fn print_disk_time(phases: &[PhaseDisks]) {
+    println!("  where the devices' time went, last run (per cent of the phase's wall time):");
+    println!(
+        "  {:<7} {:<8} {:>6} {:>6} {:>6} {:>6} {:>9} {:>8} {:>9} {:>7}",
+        "PHASE",
+        "DEVICE",
+        "BUSY",
+        "SEEK",
+        "IDLE",
+        "HOST",
+        "IDLE GAPS",
+        "REQUESTS",
+        "MEAN KiB",
+        "SEEKS"
+    );
+    for p in phases {
+        let wall = p.wall.as_nanos().max(1) as f64;
+        let pct = |ns: u64| ns as f64 / wall * 100.0;
+        for (name, t) in &p.disks {
+            let requests = t.reads + t.writes;
+            if requests == 0 {
+                continue;
+            }
+            let bytes = t.read_bytes + t.write_bytes;
+            println!(
+                "  {:<7} {:<8} {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>9} {:>8} {:>9.1} {:>7}",
+                p.phase,
+                name,
+                pct(t.busy_ns),
+                pct(t.positioning_ns),
+                pct(t.idle_ns),
+                pct(t.overrun_ns),
+                t.idle_gaps,
+                requests,
+                bytes as f64 / requests as f64 / 1024.0,
+                t.repositions
+            );
+        }
+    }
 }
 
 /// An emulated pool with its benchmark filesystem mounted; on drop the filesystem is
@@ -182,7 +317,8 @@ impl Mounted {
         run: usize,
     ) -> Result<Self> {
         let tmp = temp_dir(base, "emulate", run)?;
-        let pool = create_pool(build, device_size(build, bytes), &tmp.0)?;
+        let backing = backing_for(build, bytes);
+        let (pool, _) = create_pool_watched(build, device_size(build, bytes), &tmp.0, backing)?;
         let (store, dsl) = open_datasets(&pool)?;
         let mut m = Mounted {
             open: Some((pool, store.clone(), dsl.clone())),
@@ -363,10 +499,12 @@ fn engine_run(
     recordsize: u32,
     seeks: usize,
     run: usize,
-) -> Result<EmulatedFigures> {
+) -> Result<(EmulatedFigures, Vec<PhaseDisks>)> {
     let tmp = temp_dir(&data_dir(), "emulate", run)?;
-    let pool = create_pool(build, device_size(build, size), &tmp.0)?;
-    let result = (|| -> Result<EmulatedFigures> {
+    let backing = backing_for(build, size);
+    let (pool, devices) = create_pool_watched(build, device_size(build, size), &tmp.0, backing)?;
+    let result = (|| -> Result<(EmulatedFigures, Vec<PhaseDisks>)> {
+        let mut phases = Vec::new();
         let store = ObjectStore::open(pool.clone())?;
         let os = store.objset(tank_object::ROOT_OBJSET)?;
         let id = {
@@ -374,6 +512,7 @@ fn engine_run(
             os.create_object(&tx, 1, recordsize)?
         };
         let chunk = stream_chunk();
+        let watch = PhaseWatch::start(&devices);
         let t = Instant::now();
         let mut off = 0u64;
         while off < size {
@@ -386,8 +525,10 @@ fn engine_run(
         }
         store.sync()?;
         let write = size as f64 / t.elapsed().as_secs_f64() / 1e6;
+        phases.push(watch.end("write"));
         // What the ARC kept of the writes would flatter the reads: start them cold.
         store.cache().arc().remove_spa(store.cache().spa());
+        let watch = PhaseWatch::start(&devices);
         let t = Instant::now();
         let mut off = 0u64;
         while off < size {
@@ -399,18 +540,22 @@ fn engine_run(
             off += got.len() as u64;
         }
         let read = size as f64 / t.elapsed().as_secs_f64() / 1e6;
+        phases.push(watch.end("read"));
         store.cache().arc().remove_spa(store.cache().spa());
+        let watch = PhaseWatch::start(&devices);
         let t = Instant::now();
         for at in random_offsets(size, seeks) {
             fsbench::check_interrupted()?;
             os.read(id, at, 8192)?;
         }
         let iops = seeks as f64 / t.elapsed().as_secs_f64();
-        Ok(EmulatedFigures {
+        phases.push(watch.end("seeks"));
+        let figures = EmulatedFigures {
             seq_output_block_mb_s: write,
             seq_input_block_mb_s: read,
             random_seeks_per_s: iops,
-        })
+        };
+        Ok((figures, phases))
     })();
     let _ = pool.destroy();
     drop(pool);
@@ -466,12 +611,15 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
     let seeks = 400;
     let raw_size = size.min(512 << 20);
     let (mut pool, mut raw, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last_phases = Vec::new();
     for r in 0..runs {
         eprintln!("run {}/{runs}: {spec}, {} ...", r + 1, human(size));
         let (host_file, device) = raw_device(&build.profile, raw_size, seeks, r)?;
         bare.push(host_file);
         raw.push(device);
-        pool.push(engine_run(&build, size, recordsize, seeks, r)?);
+        let (figures, phases) = engine_run(&build, size, recordsize, seeks, r)?;
+        pool.push(figures);
+        last_phases = phases;
     }
     let (result, device, host) = (medians(&pool), medians(&raw), medians(&bare));
     let p = &build.profile;
@@ -481,14 +629,21 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
         random_seeks_per_s: p.random_read_iops(8192),
     };
     if json {
+        let in_memory = backing_for(&build, size) == Backing::Memory;
         let out = serde_json::json!({"emulate": spec, "size": size, "recordsize": recordsize, "runs": runs,
+            "devices_in_memory": in_memory,
             "median": result, "raw_device": device, "host_file": host, "profile": profile,
-            "device_profile": p, "host_margin": HOST_MARGIN, "host_bound": host_bound(&host, &profile)});
+            "device_profile": p, "host_margin": HOST_MARGIN, "host_bound": host_bound(&host, &profile),
+            "disk_time_last_run": disk_time_json(&last_phases)});
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
+    let backing = match backing_for(&build, size) {
+        Backing::Memory => "in memory",
+        Backing::Files => "on sparse files",
+    };
     println!(
-        "emulated {spec}: {} per run, record {}, median of {runs} (engine level; one device raw over {})",
+        "emulated {spec}: {} per run, record {}, median of {runs} (engine level; the pool's devices' bytes {backing}; one device raw over {})",
         human(size),
         human(u64::from(recordsize)),
         human(raw_size)
@@ -528,5 +683,28 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
     if !build.extra.is_empty() {
         println!("  log and cache devices are in the pool; 'tank bench-cache' and 'tank bench-sync' measure what they buy");
     }
+    print_disk_time(&last_phases);
     Ok(())
+}
+
+/// The devices' timelines of `print_disk_time`, for `--json`.
+fn disk_time_json(phases: &[PhaseDisks]) -> serde_json::Value {
+    let phases: Vec<_> = phases
+        .iter()
+        .map(|p| {
+            let disks: Vec<_> = p
+                .disks
+                .iter()
+                .map(|(name, t)| {
+                    serde_json::json!({"device": name, "reads": t.reads, "writes": t.writes,
+                        "flushes": t.flushes, "read_bytes": t.read_bytes, "write_bytes": t.write_bytes,
+                        "busy_ns": t.busy_ns, "positioning_ns": t.positioning_ns,
+                        "repositions": t.repositions, "idle_ns": t.idle_ns, "idle_gaps": t.idle_gaps,
+                        "overrun_ns": t.overrun_ns})
+                })
+                .collect();
+            serde_json::json!({"phase": p.phase, "wall_ns": p.wall.as_nanos() as u64, "devices": disks})
+        })
+        .collect();
+    serde_json::Value::Array(phases)
 }
