@@ -386,6 +386,13 @@ pub fn fs_runs(
     let mut out = Vec::new();
     let bytes = cfg.size + cfg.tree_files as u64 * 40_000 + cfg.files as u64 * 4096;
     let recordsize = u32::try_from(cfg.recordsize).context("record size")?;
+    eprintln!(
+        "the emulated devices keep their bytes {}",
+        match backing_for(build, bytes) {
+            Backing::Memory => "in memory",
+            Backing::Files => "in sparse files (the run does not fit in a quarter of memory)",
+        }
+    );
     for run in 0..cfg.runs {
         let m = Mounted::new(base, build, bytes, recordsize, primarycache, run)?;
         let one = FsBenchConfig {
