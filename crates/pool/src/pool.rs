@@ -2944,8 +2944,8 @@ const UBERBLOCK_THREADS: usize = 32;
 /// Writes `ub` into the labels of every device and flushes each, the devices side by side
 /// (ZFS's vdev_uberblock_sync_list issues them all at once); returns how many took it.
 /// One device after another, each commit kept every other disk idle while one seeked to
-/// its labels at both ends and flushed: on a 7-disk raidz2 of emulated hard disks that was
-/// more than half of the disks' time during a stream of writes.
+/// its labels at both ends and flushed: about 40 ms a disk on an emulated hard disk, so
+/// 0.3 s of every commit on a 7-disk raidz2.
 fn write_uberblocks(devices: &[DeviceRef], ub: &Uberblock) -> usize {
     let one =
         |dev: &DeviceRef| label::write_uberblock(dev.as_ref(), ub).is_ok() && dev.flush().is_ok();
@@ -2959,8 +2959,12 @@ fn write_uberblocks(devices: &[DeviceRef], ub: &Uberblock) -> usize {
             .collect();
         groups
             .into_iter()
-            // A panic in a device's write is a bug below us: that device counts as failed.
-            .map(|g| g.join().unwrap_or(0))
+            // A panic in a device's write is a bug below us: it goes on up, as it did when
+            // the sync thread wrote the uberblocks itself.
+            .map(|g| {
+                g.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
             .sum()
     })
 }
