@@ -1431,6 +1431,15 @@ impl Pool {
             .collect()
     }
 
+    /// The devices of the leaves that can take I/O: where uberblocks and heartbeats go.
+    fn usable_devices(&self) -> Vec<DeviceRef> {
+        self.leaves()
+            .iter()
+            .filter(|l| l.is_usable())
+            .filter_map(|l| l.device())
+            .collect()
+    }
+
     fn top_guid_of(&self, leaf: &Leaf) -> u64 {
         self.tops()
             .iter()
@@ -2387,13 +2396,7 @@ impl Pool {
             timestamp: now_secs(),
             root: root_bp,
         };
-        let devices: Vec<DeviceRef> = self
-            .leaves()
-            .into_iter()
-            .filter(|leaf| leaf.is_usable())
-            .filter_map(|leaf| leaf.device())
-            .collect();
-        let written = write_uberblocks(&devices, &ub);
+        let written = write_uberblocks(&self.usable_devices(), &ub);
         if written == 0 {
             return Err(PoolError::Corrupt(format!(
                 "txg {txg}: no device accepted the uberblock"
@@ -2891,12 +2894,7 @@ fn heartbeat_loop(pool: std::sync::Weak<Pool>, mut writer: HeartbeatWriter) {
         if p.is_closed() || !p.config.lock().multihost || p.suspended().is_some() {
             return;
         }
-        let devices: Vec<DeviceRef> = p
-            .leaves()
-            .iter()
-            .filter(|l| l.is_usable())
-            .filter_map(|l| l.device())
-            .collect();
+        let devices = p.usable_devices();
         let devs: Vec<&dyn BlockDevice> = devices.iter().map(|d| d.as_ref()).collect();
         let silent = writer.beat(&devs, p.ashift(), p.synced_txg());
         if let Some(at) = p.heartbeat_at.lock().as_mut() {
