@@ -621,13 +621,18 @@ fn the_https_api_authenticates_authorizes_and_refuses_bad_input() {
         "/api/v1/login",
     );
     assert_eq!(code, 429, "even the right password waits: {body}");
-    let logged: Vec<String> = d.stderr.try_iter().collect();
-    assert!(
-        logged
-            .iter()
-            .any(|l| l.contains("failed login for 'boss' from 127.0.0.1")),
-        "{logged:?}"
-    );
+    // The daemon's log reaches the reader thread a moment after the answer.
+    let mut logged: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !logged
+        .iter()
+        .any(|l| l.contains("failed login for 'boss' from 127.0.0.1"))
+    {
+        assert!(std::time::Instant::now() < deadline, "{logged:?}");
+        if let Ok(l) = d.stderr.recv_timeout(std::time::Duration::from_millis(200)) {
+            logged.push(l);
+        }
+    }
 
     // Metrics, with a token, through a real OpenMetrics parser.
     let (code, text) = curl(&d, &boss, "/metrics");

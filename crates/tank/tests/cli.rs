@@ -1727,7 +1727,16 @@ fn a_dataset_bench_is_a_daemon_job_with_progress_that_ctrl_c_cancels() {
         .status();
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
-    let rest: Vec<String> = rx.try_iter().collect();
+    // The reader thread may still hold the last lines: take them until the pipe closes.
+    let mut rest = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            Ok(l) => rest.push(l),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
     assert!(rest.iter().any(|l| l.contains("canceling job")), "{rest:?}");
     assert!(rest.iter().any(|l| l.contains("canceled")), "{rest:?}");
     assert_eq!(
