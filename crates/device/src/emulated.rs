@@ -178,9 +178,16 @@ impl EmulatedDevice {
         &self.model
     }
 
-    /// What the device has done so far.
+    /// What the device has done so far. A serial device idle now counts its idle time up to
+    /// now, so that the difference of two timelines (`Timeline::since`) holds only the idle
+    /// time between them, not a gap that began before the first.
     pub fn timeline(&self) -> Timeline {
-        self.timeline.lock().0
+        let (mut t, last_free) = *self.timeline.lock();
+        if let (true, Some(free)) = (self.model.serial(), last_free) {
+            let idle = Instant::now().saturating_duration_since(free);
+            t.idle_ns += idle.as_nanos().min(u128::from(u64::MAX)) as u64;
+        }
+        t
     }
 
     /// Adds one operation to the timeline: started at `start` (for a serial device; idle
@@ -399,6 +406,33 @@ mod tests {
         assert_eq!((later.writes, later.reads, later.flushes), (0, 1, 1));
         assert_eq!(later.busy_ns, 10_000_000);
         assert_eq!(later.idle_gaps, 1);
+    }
+
+    #[test]
+    fn idle_time_is_split_at_the_moment_a_timeline_is_taken() {
+        let dev = EmulatedDevice::new(Arc::new(MemDevice::new("m", 1 << 20)), Arc::new(SplitCost));
+        dev.write_at(&[7; 4096], 0).unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+        let mid = dev.timeline();
+        std::thread::sleep(Duration::from_millis(40));
+        dev.write_at(&[7; 4096], 8192).unwrap();
+        let end = dev.timeline();
+        let second = end.since(&mid);
+        // The 80 ms pause is counted once in all, and only its second half after `mid`.
+        assert!(end.idle_ns >= 80_000_000, "idle {} ns", end.idle_ns);
+        assert!(mid.idle_ns >= 40_000_000, "idle {} ns", mid.idle_ns);
+        assert!(
+            second.idle_ns >= 40_000_000,
+            "idle after mid {} ns",
+            second.idle_ns
+        );
+        assert!(
+            second.idle_ns + 40_000_000 <= end.idle_ns,
+            "the pause before mid counted after it: {} of {} ns",
+            second.idle_ns,
+            end.idle_ns
+        );
+        assert!(end.idle_ns < 1_000_000_000, "idle {} ns", end.idle_ns);
     }
 
     /// A device whose flush always fails, to tell whether a flush reached it.

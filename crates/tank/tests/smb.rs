@@ -491,8 +491,11 @@ fn smbclient_workout() {
         std::thread::sleep(Duration::from_millis(300));
     }
     let mut restarted = false;
-    while let Ok(l) = d.lines.try_recv() {
-        restarted |= l.contains("starting it again");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !restarted && Instant::now() < deadline {
+        if let Ok(l) = d.lines.recv_timeout(Duration::from_millis(200)) {
+            restarted = l.contains("starting it again");
+        }
     }
     assert!(restarted, "tank said nothing of the restart");
     let events = tank(&data, &["pool", "events", "tank"], None);

@@ -21,9 +21,12 @@
 //! The devices keep their bytes in the process's memory when the run fits in a quarter of
 //! the host's ([`backing_for`]), in the sparse files otherwise: a disk moves its bytes by
 //! DMA, while the host's page cache copies them with the same CPUs the pool works on, and on
-//! a small host that made the host, not the model, set the pace. Each device keeps a
-//! timeline (busy, positioning, idle, host overrun); `--engine` prints where each device's
-//! time went in each phase of the last run.
+//! a small host that made the host, not the model, set the pace. That memory is taken from
+//! the host before the run (`MemDevice::populated`): the kernel zeroing fresh pages at each
+//! first write took 42% of both CPUs through the mount and showed as the host running past
+//! the model. Each device keeps a timeline (busy, positioning, idle, host overrun); both
+//! levels print where each device's time went in each phase of the last run (`--engine` on
+//! standard output, the filesystem level on standard error).
 //!
 //! The process's ARC is set to `--arc` (a build scaled down in capacity is scaled down in
 //! memory too), and the default size is four times that, so the cache cannot flatter reads.
@@ -151,8 +154,8 @@ pub fn backing_for(build: &EmulatedBuild, bytes: u64) -> Backing {
 }
 
 /// An emulated device of `profile` of `bytes` at `path` (a sparse file there, or as much
-/// memory: zero pages until written) (scratch: its flushes cost the model's time, not the
-/// host disk's).
+/// memory, every page of it taken from the host before the run) (scratch: its flushes cost
+/// the model's time, not the host disk's).
 fn emulated_device(
     path: &Path,
     profile: &DeviceProfile,
@@ -161,7 +164,7 @@ fn emulated_device(
 ) -> Result<EmulatedDevice> {
     let inner: DeviceRef = match backing {
         Backing::Files => device_file(path, bytes)?,
-        Backing::Memory => Arc::new(MemDevice::new(path.display().to_string(), bytes)),
+        Backing::Memory => Arc::new(MemDevice::populated(path.display().to_string(), bytes)),
     };
     Ok(EmulatedDevice::scratch(inner, profile.model(bytes)))
 }
@@ -221,7 +224,7 @@ fn create_pool_watched(
 /// What each emulated device did during one phase of a run, and how long the phase took.
 #[derive(Debug, Clone)]
 pub struct PhaseDisks {
-    pub phase: &'static str,
+    pub phase: String,
     pub wall: Duration,
     pub disks: Vec<(String, Timeline)>,
 }
@@ -242,7 +245,7 @@ impl<'a> PhaseWatch<'a> {
         }
     }
 
-    fn end(self, phase: &'static str) -> PhaseDisks {
+    fn end(self, phase: impl Into<String>) -> PhaseDisks {
         let wall = self.start.elapsed();
         let disks = self
             .devices
@@ -250,17 +253,31 @@ impl<'a> PhaseWatch<'a> {
             .zip(&self.before)
             .map(|((name, d), before)| (name.clone(), d.timeline().since(before)))
             .collect();
-        PhaseDisks { phase, wall, disks }
+        PhaseDisks {
+            phase: phase.into(),
+            wall,
+            disks,
+        }
     }
 }
 
 /// Prints where each device's time went in each phase: busy (by the model) and of that
 /// positioning (seeks and rotation), idle (and in gaps of 1 ms or more), the host running
 /// past the model, and the mean request.
-fn print_disk_time(phases: &[PhaseDisks]) {
-    println!("  where the devices' time went, last run (per cent of the phase's wall time):");
-    println!(
-        "  {:<7} {:<8} {:>6} {:>6} {:>6} {:>6} {:>9} {:>8} {:>9} {:>7}",
+pub fn print_disk_time(out: &mut dyn std::io::Write, phases: &[PhaseDisks]) {
+    let w = phases
+        .iter()
+        .map(|p| p.phase.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    let _ = writeln!(
+        out,
+        "  where the devices' time went, last run (per cent of the phase's wall time):"
+    );
+    let _ = writeln!(
+        out,
+        "  {:<w$} {:<8} {:>6} {:>6} {:>6} {:>6} {:>9} {:>8} {:>9} {:>7}",
         "PHASE",
         "DEVICE",
         "BUSY",
@@ -281,8 +298,9 @@ fn print_disk_time(phases: &[PhaseDisks]) {
                 continue;
             }
             let bytes = t.read_bytes + t.write_bytes;
-            println!(
-                "  {:<7} {:<8} {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>9} {:>8} {:>9.1} {:>7}",
+            let _ = writeln!(
+                out,
+                "  {:<w$} {:<8} {:>5.1}% {:>5.1}% {:>5.1}% {:>5.1}% {:>9} {:>8} {:>9.1} {:>7}",
                 p.phase,
                 name,
                 pct(t.busy_ns),
@@ -302,6 +320,7 @@ fn print_disk_time(phases: &[PhaseDisks]) {
 /// unmounted, the pool destroyed and its files removed, whatever happened before.
 struct Mounted {
     open: Option<(Arc<Pool>, Arc<ObjectStore>, Arc<Dsl>)>,
+    devices: Watched,
     mnt: PathBuf,
     staging: PathBuf,
     _tmp: TempDir,
@@ -318,10 +337,12 @@ impl Mounted {
     ) -> Result<Self> {
         let tmp = temp_dir(base, "emulate", run)?;
         let backing = backing_for(build, bytes);
-        let (pool, _) = create_pool_watched(build, device_size(build, bytes), &tmp.0, backing)?;
+        let (pool, devices) =
+            create_pool_watched(build, device_size(build, bytes), &tmp.0, backing)?;
         let (store, dsl) = open_datasets(&pool)?;
         let mut m = Mounted {
             open: Some((pool, store.clone(), dsl.clone())),
+            devices,
             mnt: tmp.0.join("mnt"),
             staging: tmp.0.join("staging"),
             _tmp: tmp,
@@ -375,15 +396,17 @@ pub fn set_arc(arc: u64) -> Result<()> {
 
 /// The filesystem-level benchmark of `build`, one new pool per run in a temporary
 /// directory under `base`, the filesystem's `primarycache` as given (all, metadata, none);
-/// `progress` as `fsbench::run` reports it, over all runs.
+/// `progress` as `fsbench::run` reports it, over all runs. Also gives where each device's
+/// time went in each phase of the last run.
 pub fn fs_runs(
     base: &Path,
     build: &EmulatedBuild,
     cfg: &FsBenchConfig,
     primarycache: &str,
     progress: &mut dyn FnMut(&str, f64),
-) -> Result<Vec<FsFigures>> {
+) -> Result<(Vec<FsFigures>, Vec<PhaseDisks>)> {
     let mut out = Vec::new();
+    let mut disk_time = Vec::new();
     let bytes = cfg.size + cfg.tree_files as u64 * 40_000 + cfg.files as u64 * 4096;
     let recordsize = u32::try_from(cfg.recordsize).context("record size")?;
     eprintln!(
@@ -400,7 +423,19 @@ pub fn fs_runs(
             staging: Some(m.staging.clone()),
             ..cfg.clone()
         };
+        let mut phases = Vec::new();
+        let mut watch: Option<(String, PhaseWatch)> = None;
         let mut report = |phase: &str, done: f64| {
+            // A new phase: the devices' time of the one before it is taken.
+            let name = phase.rsplit(": ").next().unwrap_or(phase).to_string();
+            if watch.as_ref().is_none_or(|(n, _)| *n != name) {
+                if let Some((n, w)) = watch.take() {
+                    phases.push(w.end(n));
+                }
+                if name != "done" {
+                    watch = Some((name, PhaseWatch::start(&m.devices)));
+                }
+            }
             let phase = phase.replacen("run 1/1", &format!("run {}/{}", run + 1, cfg.runs), 1);
             progress(&phase, (run as f64 + done) / cfg.runs as f64);
         };
@@ -408,8 +443,9 @@ pub fn fs_runs(
             .with_context(|| format!("benchmark of the emulated build, run {}", run + 1))?;
         out.append(&mut figures);
         drop(m);
+        disk_time = phases;
     }
-    Ok(out)
+    Ok((out, disk_time))
 }
 
 /// Incompressible bytes, 8 MiB, so the devices move every logical byte.
@@ -690,7 +726,7 @@ pub fn run_engine(spec: &str, size: u64, recordsize: u32, runs: usize, json: boo
     if !build.extra.is_empty() {
         println!("  log and cache devices are in the pool; 'tank bench-cache' and 'tank bench-sync' measure what they buy");
     }
-    print_disk_time(&last_phases);
+    print_disk_time(&mut std::io::stdout(), &last_phases);
     Ok(())
 }
 

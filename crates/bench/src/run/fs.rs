@@ -232,7 +232,16 @@ pub fn run(a: FsBenchArgs) -> Result<()> {
     };
     let runs = match (&build, &a.path) {
         (Some(build), _) => {
-            crate::run::emulated::fs_runs(&data_dir(), build, &cfg, &a.primarycache, &mut progress)?
+            let (runs, disk_time) = crate::run::emulated::fs_runs(
+                &data_dir(),
+                build,
+                &cfg,
+                &a.primarycache,
+                &mut progress,
+            )?;
+            eprintln!();
+            crate::run::emulated::print_disk_time(&mut std::io::stderr(), &disk_time);
+            runs
         }
         (None, Some(path)) => fsbench::run(path, &cfg, &mut progress)
             .with_context(|| format!("benchmark of {}", path.display()))?,
@@ -450,6 +459,7 @@ impl Benchmark for ServiceBench {
         }
         Self::measured(&cfg, &format!("emulated {build}"), progress, |report| {
             crate::run::emulated::fs_runs(data_dir, &parsed, &cfg, "metadata", report)
+                .map(|(runs, _)| runs)
         })
     }
 }

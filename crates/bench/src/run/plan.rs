@@ -336,7 +336,8 @@ fn measure(a: &PlanArgs, input: &PlanInput, all: &[Assessment], modelled: &str) 
                 &a.primarycache,
                 &mut progress,
             )
-            .with_context(|| format!("measuring {what}"))?;
+            .with_context(|| format!("measuring {what}"))?
+            .0;
             let median = summarize(&runs).median;
             results.push(Measured {
                 layout: layout.describe(),
