@@ -22,9 +22,9 @@
 //! the host's ([`backing_for`]), in the sparse files otherwise: a disk moves its bytes by
 //! DMA, while the host's page cache copies them with the same CPUs the pool works on, and on
 //! a small host that made the host, not the model, set the pace. That memory is taken from
-//! the host before the run (`MemDevice::populated`): the kernel zeroing fresh pages at each
-//! first write took 42% of both CPUs through the mount and showed as the host running past
-//! the model. Each device keeps a timeline (busy, positioning, idle, host overrun); both
+//! the host before the run (`MemDevice::populated`) where the devices' whole capacity fits
+//! in half of it: the kernel zeroing fresh pages at each first write took 42% of both
+//! CPUs through the mount and showed as the host running past the model. Each device keeps a timeline (busy, positioning, idle, host overrun); both
 //! levels print where each device's time went in each phase of the last run (`--engine` on
 //! standard output, the filesystem level on standard error).
 //!
@@ -154,17 +154,20 @@ pub fn backing_for(build: &EmulatedBuild, bytes: u64) -> Backing {
 }
 
 /// An emulated device of `profile` of `bytes` at `path` (a sparse file there, or as much
-/// memory, every page of it taken from the host before the run) (scratch: its flushes cost
-/// the model's time, not the host disk's).
+/// memory, every page of it taken from the host before the run when `populate`) (scratch:
+/// its flushes cost the model's time, not the host disk's).
 fn emulated_device(
     path: &Path,
     profile: &DeviceProfile,
     bytes: u64,
     backing: Backing,
+    populate: bool,
 ) -> Result<EmulatedDevice> {
+    let name = path.display().to_string();
     let inner: DeviceRef = match backing {
         Backing::Files => device_file(path, bytes)?,
-        Backing::Memory => Arc::new(MemDevice::populated(path.display().to_string(), bytes)),
+        Backing::Memory if populate => Arc::new(MemDevice::populated(name, bytes)),
+        Backing::Memory => Arc::new(MemDevice::mapped(name, bytes)),
     };
     Ok(EmulatedDevice::scratch(inner, profile.model(bytes)))
 }
@@ -200,8 +203,20 @@ fn create_pool_watched(
 ) -> Result<(Arc<Pool>, Watched)> {
     let mut devices: HashMap<String, DeviceRef> = HashMap::new();
     let mut watched = Vec::new();
+    // The devices' whole capacity is taken up front only where it fits in half of memory
+    // (7 disks of 1 GiB do, 24 would not); otherwise only what is written is ever taken, at
+    // its first write.
+    let extra: u64 = build.extra.iter().map(|(_, n, _)| *n as u64).sum();
+    let capacity = build.count as u64 * dev_size + extra * (1 << 30);
+    let populate = capacity <= tank_object::arc::physical_memory() / 2;
     let mut make = |name: String, profile: &DeviceProfile, bytes: u64| -> Result<String> {
-        let dev = Arc::new(emulated_device(&dir.join(&name), profile, bytes, backing)?);
+        let dev = Arc::new(emulated_device(
+            &dir.join(&name),
+            profile,
+            bytes,
+            backing,
+            populate,
+        )?);
         watched.push((name.clone(), dev.clone()));
         devices.insert(name.clone(), dev);
         Ok(name)
