@@ -23,10 +23,11 @@
 //! DMA, while the host's page cache copies them with the same CPUs the pool works on, and on
 //! a small host that made the host, not the model, set the pace. That memory is taken from
 //! the host before the run (`MemDevice::populated`) where the devices' whole capacity fits
-//! in half of it: the kernel zeroing fresh pages at each first write took 42% of both
-//! CPUs through the mount and showed as the host running past the model. Each device keeps a timeline (busy, positioning, idle, host overrun); both
-//! levels print where each device's time went in each phase of the last run (`--engine` on
-//! standard output, the filesystem level on standard error).
+//! in half of it: the kernel zeroing fresh pages at each first write took 42% of both CPUs
+//! through the mount and showed as the host running past the model. Each device keeps a
+//! timeline (busy, positioning, idle, host overrun); both levels print where each device's
+//! time went in each phase of the last run (`--engine` on standard output, the filesystem
+//! level on standard error).
 //!
 //! The process's ARC is set to `--arc` (a build scaled down in capacity is scaled down in
 //! memory too), and the default size is four times that, so the cache cannot flatter reads.
@@ -190,6 +191,9 @@ pub fn create_pool(build: &EmulatedBuild, dev_size: u64, dir: &Path) -> Result<A
     Ok(create_pool_watched(build, dev_size, dir, Backing::Files)?.0)
 }
 
+/// Size of each log and cache device of an emulated build.
+const EXTRA_DEVICE_BYTES: u64 = 1 << 30;
+
 /// An emulated pool's devices by name.
 type Watched = Vec<(String, Arc<EmulatedDevice>)>;
 
@@ -207,7 +211,7 @@ fn create_pool_watched(
     // (7 disks of 1 GiB do, 24 would not); otherwise only what is written is ever taken, at
     // its first write.
     let extra: u64 = build.extra.iter().map(|(_, n, _)| *n as u64).sum();
-    let capacity = build.count as u64 * dev_size + extra * (1 << 30);
+    let capacity = build.count as u64 * dev_size + extra * EXTRA_DEVICE_BYTES;
     let populate = capacity <= tank_object::arc::physical_memory() / 2;
     let mut make = |name: String, profile: &DeviceProfile, bytes: u64| -> Result<String> {
         let dev = Arc::new(emulated_device(
@@ -228,7 +232,11 @@ fn create_pool_watched(
     for (k, (section, n, profile)) in build.extra.iter().enumerate() {
         tokens.push(section.clone());
         for i in 0..*n {
-            tokens.push(make(format!("{section}{k}-{i}"), profile, 1 << 30)?);
+            tokens.push(make(
+                format!("{section}{k}-{i}"),
+                profile,
+                EXTRA_DEVICE_BYTES,
+            )?);
         }
     }
     let spec = PoolSpec::parse(&tokens, true)?;
