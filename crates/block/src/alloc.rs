@@ -312,9 +312,12 @@ pub struct SpaceAllocator {
     /// Extents freed but not yet reusable, by the txg at which they become free.
     deferred: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     pending: Vec<SpaceRecord>,
-    /// While a scan runs: the (vdev, offset) of every extent freed since it started, so the
-    /// scan neither reports nor "repairs" a block whose space was freed (and maybe reused).
-    scan_freed: Option<std::collections::HashSet<(u32, u64)>>,
+    /// While a scan runs: the (vdev, offset) of every extent freed since it started, with
+    /// the last txg it was freed in, so the scan neither reports nor "repairs" a block whose
+    /// space was freed (and maybe reused). The txg tells that block from a later one at the
+    /// same offset: a block is freed in a txg no earlier than its birth, and its space is
+    /// reused only `DEFER_TXGS` later, so a block born after the free is a new one.
+    scan_freed: Option<std::collections::HashMap<(u32, u64), u64>>,
 }
 
 impl SpaceAllocator {
@@ -523,7 +526,8 @@ impl SpaceAllocator {
             .or_default()
             .push((vdev, offset, len));
         if let Some(watch) = &mut self.scan_freed {
-            watch.insert((vdev, offset));
+            let last = watch.entry((vdev, offset)).or_insert(txg);
+            *last = (*last).max(txg);
         }
         self.pending.push(SpaceRecord {
             vdev,
@@ -665,12 +669,14 @@ impl SpaceAllocator {
         self.scan_freed = None;
     }
 
-    /// Whether the extent at `(vdev, offset)` was freed since [`Self::watch_frees`]
-    /// (always true when no scan watches: nothing vouches for the block then).
-    pub fn freed_since_watch(&self, vdev: u32, offset: u64) -> bool {
+    /// Whether the block born in txg `birth` at `(vdev, offset)` was freed since
+    /// [`Self::watch_frees`] (always true when no scan watches: nothing vouches for the block
+    /// then). A block born after the last free at its offset is a new block in reused space,
+    /// not the one freed: it is live, and a scan walks the tree below it.
+    pub fn freed_since_watch(&self, vdev: u32, offset: u64, birth: u64) -> bool {
         self.scan_freed
             .as_ref()
-            .is_none_or(|w| w.contains(&(vdev, offset)))
+            .is_none_or(|w| w.get(&(vdev, offset)).is_some_and(|&freed| freed >= birth))
     }
 
     /// Forget pending records (after a failed sync the in-memory state is discarded anyway).
@@ -745,6 +751,39 @@ mod tests {
             a.free(v, off, len, 20).is_err(),
             "freeing a free extent is refused"
         );
+    }
+
+    /// A scan must tell a block freed under it from a new block in the same reused space:
+    /// taking the new one for the freed one skipped every tree below a node written there.
+    #[test]
+    fn a_block_born_in_reused_space_is_not_taken_for_the_freed_one() {
+        let mut a = SpaceAllocator::new();
+        a.add_vdev(0, 64 << 20, 4096, true);
+        assert!(
+            a.freed_since_watch(0, 0, 1),
+            "nothing vouches without a watch"
+        );
+        let (_, old, len) = a.alloc(&|_| 1 << 20, &[], AllocClass::Data, 5).unwrap();
+        a.watch_frees();
+        assert!(!a.freed_since_watch(0, old, 5));
+        a.free(0, old, len, 9).unwrap();
+        assert!(
+            a.freed_since_watch(0, old, 5),
+            "the block freed under the scan"
+        );
+        // The space comes back after the deferral and is allocated again, at the same offset.
+        let txg = 9 + DEFER_TXGS;
+        a.begin_txg(txg).unwrap();
+        assert!(!a.is_allocated(0, old, len));
+        a.claim(0, old, len, txg).unwrap();
+        assert!(a.is_allocated(0, old, len));
+        assert!(a.freed_since_watch(0, old, 5), "the old block stays freed");
+        assert!(!a.freed_since_watch(0, old, txg), "the new block is live");
+        // Freed in its turn, it is freed too.
+        a.free(0, old, len, txg + 1).unwrap();
+        assert!(a.freed_since_watch(0, old, txg));
+        a.unwatch_frees();
+        assert!(a.freed_since_watch(0, old, txg));
     }
 
     #[test]

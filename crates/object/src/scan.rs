@@ -10,7 +10,9 @@
 //!    lists through [`ScanRoots`]), every tree node is read and scrubbed on the spot (it has
 //!    to be read to find its children), and every data block whose address lies at or after
 //!    the region's cursor is collected. A node seen under an earlier root is not walked
-//!    again (snapshots and clones share subtrees). The collection is bounded: past
+//!    again (snapshots and clones share subtrees); a node is known by its address and its
+//!    birth txg, since a node written later in space freed meanwhile has the same address
+//!    and other children. The collection is bounded: past
 //!    `region_budget` entries the region's end moves down to what fits.
 //! 2. **Issue.** The collected blocks are sorted by address, deduplicated, and scrubbed in
 //!    that order by several workers, in chunks, through the devices' scan I/O class (user
@@ -25,11 +27,27 @@
 //!
 //! # Blocks that change under the scan
 //! The pool keeps running. While a scan runs, the allocator remembers every extent freed
-//! ([`tank_block::SpaceAllocator::watch_frees`]); `BlockStore::scrub` neither reports nor
-//! rewrites a block freed meanwhile (its space may already hold another block). A walk that
-//! loses a node that way re-walks that object set from its new committed root; only the
-//! changed paths are read again. Blocks born after the scrub started are not scrubbed (they
-//! were just written), as in ZFS.
+//! and the txg it was freed in ([`tank_block::SpaceAllocator::watch_frees`]).
+//! `BlockStore::scrub` neither reports nor rewrites a block freed meanwhile (its space may
+//! already hold another block); a block born after the last free at its address is another
+//! block in reused space, and is scrubbed as any other.
+//!
+//! A walk starts from the committed roots, and a sync may free the nodes it is reading (it
+//! frees them before it publishes the new roots). A freed node whose bytes still verify
+//! against its pointer is walked all the same: its space is not reused for `DEFER_TXGS`
+//! txgs, every block below it that is still live is below the new root too, and the issue
+//! skips those freed since. Only a node whose space was overwritten is lost to the walk;
+//! the walk then re-walks that object set from its new committed root (waiting for a sync
+//! to publish it, `ROOT_WAIT`), entering only what it has not walked: nodes are known by
+//! address and birth txg, so a node written later in reused space is walked too. A region
+//! whose walks keep losing nodes (`MAX_REWALKS`) is collected again, never issued with
+//! blocks missing.
+//!
+//! These rules are what keeps a busy pool's scan whole: before them a node freed by a sync
+//! ended its subtree's walk, a re-walk from the same root skipped it as seen, regions were
+//! issued without the blocks below it, and a resilver called a device whole that lacked
+//! them. Blocks born after the scrub started are not scrubbed (they were just written), as
+//! in ZFS.
 //!
 //! # Persistence
 //! The state (phase, cursor, counters) lives in the meta object set at `(2, 20, 0)` and is
@@ -97,8 +115,12 @@ impl Pace {
         }
     }
 }
-/// Re-walks of one object set whose nodes keep being freed under the walk.
+/// Re-walks of one object set whose nodes keep being freed under the walk; past them the
+/// region is collected again after `REWALK_PAUSE`.
 const MAX_REWALKS: usize = 16;
+const REWALK_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long a re-walk waits for a sync that freed nodes to publish its new root.
+const ROOT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Roots of trees that are not in the objset table (snapshots), listed by the layer above.
 pub trait ScanRoots: Send + Sync {
@@ -546,7 +568,10 @@ impl ObjectStore {
                 func: "resilver".into(),
                 phase: ScanPhase::Scanning,
                 start_time: now_secs(),
-                start_txg: u64::MAX,
+                // Blocks born after the last txg a device lacks reached it as they were
+                // written (a replaced device's range ends at the txg open when it came in):
+                // neither rebuilt nor verified, as ZFS's resilver stops at its max txg.
+                start_txg: lacking.iter().map(|l| l.2).max().unwrap_or(u64::MAX),
                 to_examine,
                 min_birth: lacking.iter().map(|l| l.1).min().unwrap_or(0),
                 vdevs,
@@ -629,6 +654,12 @@ fn scan_thread(weak: Weak<ObjectStore>) {
         };
         if scanner.stop.load(Ordering::Acquire) {
             break;
+        }
+        if !region.complete {
+            // Nodes kept being freed under the walk: collected again after a pause, never
+            // issued with blocks missing.
+            std::thread::sleep(REWALK_PAUSE);
+            continue;
         }
         {
             let mut st = scanner.state.lock();
@@ -802,6 +833,8 @@ struct Entry {
 
 struct Region {
     entries: Vec<Entry>,
+    /// Every object set was walked to the end (see `MAX_REWALKS`).
+    complete: bool,
     /// Where the next region starts; `None` when this one reached the end.
     end: Option<(u32, u64)>,
     examined: u64,
@@ -842,7 +875,8 @@ struct Collector<'a> {
 struct CollectState {
     limit: Option<(u32, u64)>,
     entries: Vec<Entry>,
-    seen: HashSet<(u32, u64)>,
+    /// Nodes entered: address and birth txg (see the module documentation).
+    seen: HashSet<((u32, u64), u64)>,
     id: u64,
     freed_hit: bool,
     /// The last node read was freed under the walk (not an error).
@@ -856,12 +890,19 @@ impl NodeStore for Collector<'_> {
     fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, TreeError> {
         let (outcome, data) = self.blocks.scrub(bp);
         let mut st = self.inner.lock();
-        st.last_freed = outcome.freed;
-        if outcome.freed {
+        // A node freed under the walk is walked still while its bytes verify (a sync freed
+        // it; its space is not reused before `DEFER_TXGS` more txgs): the blocks below it
+        // that are still live are in the newer tree too, and the issue skips the others.
+        st.last_freed = outcome.freed && data.is_none();
+        if st.last_freed {
             st.freed_hit = true;
+            // Not walked: a walk from a root that still holds it enters it again.
+            st.seen.remove(&(address(bp), bp.birth_txg));
             return Err(TreeError::Store("freed during the scan".into()));
         }
-        if self.in_region(&st, address(bp)) {
+        // Counted once, in its region, and only when the scan is for it (a node written
+        // after a resilver's last txg is read to walk it, not to rebuild it).
+        if !outcome.freed && self.filter.wants(bp) && self.in_region(&st, address(bp)) {
             st.examined += allocated(bp);
             st.nodes.add_outcome(bp, &outcome);
         }
@@ -887,7 +928,7 @@ impl ScanVisitor for Visit<'_, '_> {
         // Copy-on-write: nothing below a node is newer than the node.
         !self.0.stop.load(Ordering::Acquire)
             && bp.birth_txg >= self.0.filter.min_birth
-            && self.0.inner.lock().seen.insert(address(bp))
+            && self.0.inner.lock().seen.insert((address(bp), bp.birth_txg))
     }
 
     fn data(&mut self, key: &Key, bp: &BlockPtr) {
@@ -973,8 +1014,9 @@ fn collect(
     if let Some(s) = snapshots {
         roots.extend(s.scan_roots().into_iter().map(|(id, r)| (id, r, false)));
     }
+    let mut complete = true;
     for (id, mut root, live) in roots {
-        for _ in 0..MAX_REWALKS {
+        for walk in 1..=MAX_REWALKS {
             {
                 let mut st = c.inner.lock();
                 st.id = id;
@@ -984,10 +1026,33 @@ fn collect(
             if !c.inner.lock().freed_hit || !live || pool.is_closed() {
                 break;
             }
+            if walk == MAX_REWALKS {
+                complete = false;
+                break;
+            }
             // Nodes were freed under the walk: walk the new committed tree; the subtrees
-            // seen already are skipped.
-            match pool.objsets().into_iter().find(|(i, _)| *i == id) {
-                Some((_, r)) => root = r,
+            // seen already are skipped. A sync frees the old nodes before it publishes the
+            // new root, so the root may not have changed yet: wait a little for it.
+            let committed = || {
+                pool.objsets()
+                    .into_iter()
+                    .find(|(i, _)| *i == id)
+                    .map(|(_, r)| r)
+            };
+            let waited = Instant::now();
+            let next = loop {
+                let next = committed();
+                if next != Some(root)
+                    || waited.elapsed() >= ROOT_WAIT
+                    || pool.is_closed()
+                    || c.stop.load(Ordering::Acquire)
+                {
+                    break next;
+                }
+                std::thread::sleep(REWALK_PAUSE / 10);
+            };
+            match next {
+                Some(r) => root = r,
                 None => break,
             }
         }
@@ -998,6 +1063,7 @@ fn collect(
     let examined = st.examined + st.entries.iter().map(|e| allocated(&e.bp)).sum::<u64>();
     Ok(Region {
         entries: st.entries,
+        complete,
         end: st.limit,
         examined,
         nodes: st.nodes,

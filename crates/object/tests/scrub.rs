@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rand::Rng;
 use tank_device::{CrashMode, SimFleet};
 use tank_object::{ObjectStore, ScanPhase, ScanStatus, ROOT_OBJSET};
 
@@ -289,6 +290,113 @@ fn scrub_runs_beside_writers_and_deletes_with_correct_data() {
     pool.export().unwrap();
     let (_pool, store) = reimport(&devs);
     verify(&store, &model).unwrap();
+}
+
+/// A scrub beside a writer that keeps freeing and reusing the space of a small pool: tree
+/// nodes are written again and again where nodes freed under the scan were. Each is a new
+/// node, not the freed one, and the old blocks below it are scrubbed too: afterwards every
+/// block reads with the rotted device and without two others. (Taking such a node for the
+/// freed one skipped its subtree, and a resilver then called a device whole that lacked
+/// those blocks.)
+#[test]
+fn a_scrub_walks_nodes_written_in_space_freed_under_it() {
+    let fleet = SimFleet::new(26);
+    let (devs, pool, store) = sim_pool(&fleet, "raidz2", 5, DEV);
+    let mut model = populate_small(&store, 14, 60, 40_000);
+    // A large file fills most of the rest, so the writer below comes round to freed space
+    // soon.
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let tx = store.begin(0).unwrap();
+    let big = os.create_object(&tx, 1, 131072).unwrap();
+    drop(tx);
+    let chunk = bytes(&mut rng(15), 1 << 20, false);
+    for i in 0..120u64 {
+        let tx = store.begin(1 << 20).unwrap();
+        os.write(&tx, big, i << 20, &chunk).unwrap();
+        drop(tx);
+        if i % 16 == 15 {
+            store.sync().unwrap();
+        }
+    }
+    store.sync().unwrap();
+    drop(os);
+    // Kept beside the model until the end, out of the random workload's reach.
+    let mut big_data = chunk.repeat(120);
+    drop(store);
+    pool.export().unwrap();
+    let rotted = rot(&devs[2], 7, 1.0, 4 << 20);
+    assert!(rotted > 200, "{rotted}");
+    let (pool, store) = reimport(&devs);
+    let before = written_bytes(&pool);
+    let free = pool.space().free;
+    store.set_scan_region_budget(1);
+    store.scrub_start().unwrap();
+    // Many small txgs, each freeing what the one before wrote: the allocator comes round
+    // to freed space again and again while the scan runs.
+    let mut r = rng(78);
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mut steps = 0;
+    while store.scan_status().running || steps < 50 {
+        // A block of the large file rewritten (its space freed, its tree path written
+        // anew), and now and then a step of the random workload.
+        let at = r.gen_range(0..120usize * 8) << 17;
+        let data = bytes(&mut r, 1 << 17, false);
+        let tx = store.begin(1 << 17).unwrap();
+        os.write(&tx, big, at as u64, &data).unwrap();
+        drop(tx);
+        big_data[at..at + (1 << 17)].copy_from_slice(&data);
+        if steps % 4 == 0 {
+            random_step(&store, &mut model, &mut r, 20_000).unwrap();
+        }
+        store.sync().unwrap();
+        steps += 1;
+        assert!(steps < 100_000, "the scan never ended");
+    }
+    drop(os);
+    model.insert(big, big_data);
+    store.scan_wait();
+    store.sync().unwrap();
+    let st = store.scan_status();
+    assert_eq!(st.state.phase, ScanPhase::Finished, "{st:?}");
+    assert_eq!(st.state.errors, 0, "{st:?}");
+    assert!(st.state.repaired > 0, "{st:?}");
+    // More was written under the scan than there was free space: space freed under it
+    // was written again.
+    let written = written_bytes(&pool) - before;
+    assert!(
+        written > 2 * free,
+        "{written} bytes written under the scan, {free} free"
+    );
+    drop(store);
+    pool.export().unwrap();
+    // Everything the scrub had to repair on the rotted device was repaired: it reads
+    // without two of the other devices.
+    for g in [0, 4] {
+        devs[g].set_gone(true);
+    }
+    let (pool, store) = reimport(&devs);
+    verify(&store, &model).unwrap();
+    drop(store);
+    pool.export().unwrap();
+}
+
+/// Bytes written to every leaf of the pool so far.
+fn written_bytes(pool: &tank_pool::Pool) -> u64 {
+    pool.leaf_list()
+        .iter()
+        .map(|(_, l)| l.stats.snapshot().write_bytes)
+        .sum()
+}
+
+/// Fills the pool with the model workload, at most `max_len` bytes a step, and syncs.
+fn populate_small(store: &ObjectStore, seed: u64, steps: usize, max_len: usize) -> Model {
+    let mut model = Model::new();
+    let mut r = rng(seed);
+    for _ in 0..steps {
+        random_step(store, &mut model, &mut r, max_len).unwrap();
+    }
+    store.sync().unwrap();
+    model
 }
 
 #[test]

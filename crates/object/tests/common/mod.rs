@@ -285,6 +285,9 @@ pub fn reimport(devs: &[SimDevice]) -> (Arc<Pool>, Arc<ObjectStore>) {
     import_devs(&refs, false).unwrap()
 }
 
+/// Bytes of data `write_while_scanning` keeps the model within.
+const WRITE_WHILE_SCANNING_MAX: usize = 24 << 20;
+
 /// Runs the random workload while the pool's scan (scrub or resilver) runs, at least
 /// `min_steps` steps, syncing every `sync_every`.
 pub fn write_while_scanning(
@@ -298,7 +301,18 @@ pub fn write_while_scanning(
     let mut r = rng(seed);
     let mut steps = 0;
     while store.scan_status().running || steps < min_steps {
-        random_step(store, model, &mut r, max_len).unwrap();
+        // However long the scan takes, the data stays within a bound: past it an object
+        // is removed instead of a step taken.
+        if model.values().map(Vec::len).sum::<usize>() > WRITE_WHILE_SCANNING_MAX {
+            let ids: Vec<u64> = model.keys().copied().collect();
+            let id = ids[r.gen_range(0..ids.len())];
+            let os = store.objset(ROOT_OBJSET).unwrap();
+            let tx = store.begin(0).unwrap();
+            os.free_object(&tx, id).unwrap();
+            model.remove(&id);
+        } else {
+            random_step(store, model, &mut r, max_len).unwrap();
+        }
         steps += 1;
         if steps % sync_every == 0 {
             store.sync().unwrap();
