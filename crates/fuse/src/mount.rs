@@ -27,7 +27,9 @@
 //!
 //! A mount of tank's own (`fuse.tank`) whose server is gone, left by a daemon that was
 //! killed, is detached when a filesystem is mounted at its place again, so that a restart
-//! after a crash mounts everything as before; any other FUSE mount there is refused.
+//! after a crash mounts everything as before; any other FUSE mount there is refused. A mount
+//! is taken for dead when statfs(2) of it fails with ENOTCONN (a stat may be answered from
+//! the kernel's cache without reaching the server).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -324,8 +326,10 @@ fn resolve_parent(dir: &Path) -> io::Result<PathBuf> {
 }
 
 /// Whether the FUSE mount at `dir` has lost its server (a process that mounted it and was
-/// killed): a stat of it fails with ENOTCONN. Asked on a thread of its own, for at most
-/// 2 s, so that a live server that hangs does not hang us.
+/// killed): a statfs(2) of it fails with ENOTCONN. Not a stat: the kernel answers that from
+/// the root's cached attributes for as long as they are valid, without asking the server,
+/// and a daemon restarted at once took its own dead mount for a live one. Asked on a thread
+/// of its own, for at most 2 s, so that a live server that hangs does not hang us.
 fn server_gone(dir: &Path) -> bool {
     let (tx, rx) = std::sync::mpsc::channel();
     let d = dir.to_path_buf();
@@ -333,8 +337,8 @@ fn server_gone(dir: &Path) -> bool {
         .name("tank-stat".into())
         .spawn(move || {
             let gone = matches!(
-                std::fs::metadata(&d).map_err(|e| e.raw_os_error()),
-                Err(Some(libc::ENOTCONN))
+                nix::sys::statvfs::statvfs(&d),
+                Err(nix::errno::Errno::ENOTCONN)
             );
             let _ = tx.send(gone);
         });

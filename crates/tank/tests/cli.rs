@@ -727,12 +727,38 @@ fn serve_creates_mounts_and_answers_the_cli() {
         !mounts.contains(&mnt.to_string_lossy().to_string()),
         "{mounts}"
     );
-    let _d = start();
+    let mut d = start();
     assert_eq!(
         std::fs::read(mnt.join("hello.txt")).unwrap(),
         b"kept across restarts"
     );
     assert_eq!(std::fs::read(mnt.join("docs/a")).unwrap(), b"A");
+
+    // kill -9 leaves the mounts behind, their server gone; a daemon started at once (the
+    // root's attributes still cached by the kernel) detaches them and mounts again.
+    let _ = d.0.kill();
+    let _ = d.0.wait();
+    std::fs::remove_file(env.path("data/tank.sock")).unwrap();
+    let d = start();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::read(mnt.join("docs/a")).ok().as_deref() != Some(b"A") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted daemon did not mount again over its dead mounts"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"kept across restarts"
+    );
+    drop(d);
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let root = env.dir.path().to_string_lossy().to_string();
+    assert!(
+        !mounts.contains(&root),
+        "mounts left after the stop: {mounts}"
+    );
 }
 
 /// Damages `n` runs of `run` bytes (at most 64 KiB), one every 64 KiB from `at` bytes into
