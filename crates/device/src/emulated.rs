@@ -133,6 +133,21 @@ impl TimingModel for NullTiming {
 /// The longest lateness of an operation that still counts as following the previous one.
 const CATCH_UP: Duration = Duration::from_millis(1);
 
+/// A device's timeline and the instants its idle time is counted from.
+#[derive(Debug, Default)]
+struct TimelineState {
+    t: Timeline,
+    /// When the device was last free: the later of the last operation's modelled end and
+    /// the inner device's completion of it.
+    last_free: Option<Instant>,
+    /// The instant up to which idle time is already in `t` (a timeline taken while idle
+    /// counted it): idle time is counted from the later of the two, never twice.
+    idle_counted_to: Option<Instant>,
+    /// The start of the operation in progress on a serial device, if one is: the device is
+    /// not idle from then on, though the operation is recorded only when it ends.
+    busy_since: Option<Instant>,
+}
+
 /// Wraps a device with a timing model. See the module documentation.
 #[derive(Debug)]
 pub struct EmulatedDevice {
@@ -141,9 +156,8 @@ pub struct EmulatedDevice {
     /// Serializes operations, like the single actuator of a disk; holds when the previous
     /// operation was due to end.
     head: Mutex<Option<Instant>>,
-    /// What the device did (the module documentation), and when it was last free: the later
-    /// of the last operation's modelled end and the inner device's completion of it.
-    timeline: Mutex<(Timeline, Option<Instant>)>,
+    /// What the device did (the module documentation).
+    timeline: Mutex<TimelineState>,
     /// Whether flushes reach the inner device (not for a scratch device).
     forward_flush: bool,
 }
@@ -154,7 +168,7 @@ impl EmulatedDevice {
             inner,
             model,
             head: Mutex::new(None),
-            timeline: Mutex::new((Timeline::default(), None)),
+            timeline: Mutex::new(TimelineState::default()),
             forward_flush: true,
         }
     }
@@ -180,14 +194,21 @@ impl EmulatedDevice {
 
     /// What the device has done so far. A serial device idle now counts its idle time up to
     /// now, so that the difference of two timelines (`Timeline::since`) holds only the idle
-    /// time between them, not a gap that began before the first.
+    /// time between them, not a gap that began before the first. That idle time is kept as
+    /// counted: an operation that started before this call and is recorded after it adds
+    /// only the idle time after it, so every count only grows.
     pub fn timeline(&self) -> Timeline {
-        let (mut t, last_free) = *self.timeline.lock();
-        if let (true, Some(free)) = (self.model.serial(), last_free) {
-            let idle = Instant::now().saturating_duration_since(free);
-            t.idle_ns += idle.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let mut st = self.timeline.lock();
+        if let (true, Some(free)) = (self.model.serial(), st.last_free) {
+            let from = st.idle_counted_to.map_or(free, |c| c.max(free));
+            let now = st
+                .busy_since
+                .map_or(Instant::now(), |b| b.min(Instant::now()));
+            let idle = now.saturating_duration_since(from);
+            st.t.idle_ns += idle.as_nanos().min(u128::from(u64::MAX)) as u64;
+            st.idle_counted_to = Some(now.max(from));
         }
-        t
+        st.t
     }
 
     /// Adds one operation to the timeline: started at `start` (for a serial device; idle
@@ -204,13 +225,22 @@ impl EmulatedDevice {
     ) {
         let transfer = self.model.transfer_time(op, len).min(service);
         let ns = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
-        let mut guard = self.timeline.lock();
-        let (t, last_free) = &mut *guard;
-        let idle = match (start, *last_free) {
-            (Some(start), Some(free)) => start.saturating_duration_since(free),
-            _ => Duration::ZERO,
+        let mut st = self.timeline.lock();
+        // The whole gap decides whether this operation followed the last; only its part not
+        // counted yet (`idle_counted_to`) is added.
+        let (gap, idle) = match (start, st.last_free) {
+            (Some(start), Some(free)) => {
+                let from = st.idle_counted_to.map_or(free, |c| c.max(free));
+                (
+                    start.saturating_duration_since(free),
+                    start.saturating_duration_since(from),
+                )
+            }
+            _ => (Duration::ZERO, Duration::ZERO),
         };
-        *last_free = Some(end.max(done));
+        st.last_free = Some(end.max(done));
+        st.busy_since = None;
+        let t = &mut st.t;
         t.count(op, len);
         t.busy_ns += ns(service);
         if matches!(op, IoKind::Read | IoKind::Write) && service > transfer {
@@ -218,7 +248,7 @@ impl EmulatedDevice {
             t.repositions += 1;
         }
         t.idle_ns += ns(idle);
-        if idle >= CATCH_UP {
+        if gap >= CATCH_UP {
             t.idle_gaps += 1;
         }
         t.overrun_ns += ns(done.saturating_duration_since(end));
@@ -247,6 +277,7 @@ impl EmulatedDevice {
             Some(end) if end <= now && now - end < CATCH_UP => end,
             _ => now,
         };
+        self.timeline.lock().busy_since = Some(start);
         let service = self.model.service_time(op, offset, len);
         let out = f();
         let end = start + service;
@@ -406,6 +437,54 @@ mod tests {
         assert_eq!((later.writes, later.reads, later.flushes), (0, 1, 1));
         assert_eq!(later.busy_ns, 10_000_000);
         assert_eq!(later.idle_gaps, 1);
+    }
+
+    /// Timelines taken while another thread keeps the device busy, with pauses: every count
+    /// only grows (an operation that started before a timeline was taken and ended after it
+    /// once took back idle time the timeline had counted, and `since` underflowed).
+    #[test]
+    fn timelines_taken_during_operations_only_grow() {
+        #[derive(Debug)]
+        struct Quick;
+        impl TimingModel for Quick {
+            fn service_time(&self, _op: IoKind, _offset: u64, _len: u64) -> Duration {
+                Duration::from_micros(300)
+            }
+        }
+        let dev = Arc::new(EmulatedDevice::new(
+            Arc::new(MemDevice::new("m", 1 << 20)),
+            Arc::new(Quick),
+        ));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let worker = {
+            let (dev, stop) = (dev.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for i in 0..400u64 {
+                    dev.write_at(&[1; 4096], (i % 64) * 4096).unwrap();
+                    if i % 7 == 0 {
+                        std::thread::sleep(Duration::from_micros(700));
+                    }
+                }
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let mut prev = dev.timeline();
+        let mut taken = 0;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let cur = dev.timeline();
+            assert!(
+                cur.idle_ns >= prev.idle_ns && cur.busy_ns >= prev.busy_ns,
+                "timeline {taken} went back: {prev:?} then {cur:?}"
+            );
+            let _ = cur.since(&prev);
+            prev = cur;
+            taken += 1;
+        }
+        worker.join().unwrap();
+        let all = dev.timeline();
+        assert_eq!(all.writes, 400);
+        assert!(taken > 100, "{taken} timelines taken");
+        assert!(all.busy_ns >= 400 * 300_000);
     }
 
     #[test]
