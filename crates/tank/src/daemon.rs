@@ -59,6 +59,7 @@ use tank_service::{Mode, Service, ServiceError};
 use crate::client::socket_path;
 use crate::datadir::{data_dir, human};
 use crate::demo::{ensure_default_pool, finish_default_pool, DEFAULT_DEVICE_SIZE, DEFAULT_POOL};
+use crate::pretouch;
 use tank_service::pools::{CachedPool, PoolCache};
 
 #[derive(Args)]
@@ -400,6 +401,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
             }
             Err(e) => say_err!("warning: FUSE over io_uring is off, mounts use /dev/fuse: {e}"),
         }
+    }
+    match pretouch::start() {
+        Ok(Some(bytes)) => say!(
+            "write memory: {} made resident in the background",
+            human(bytes as u64)
+        ),
+        Ok(None) => {}
+        Err(e) => say_err!("warning: write memory is not made resident: {e}"),
     }
     let svc = Arc::new(Service::new(&dir, Mode::Daemon));
     svc.mounts.set_mounter(Arc::new(tank_fuse::FuseMounter));

@@ -30,6 +30,7 @@ mod datadir;
 mod demo;
 mod fdpass;
 mod mounts;
+mod pretouch;
 
 use clap::{Parser, Subcommand};
 use tank_bench::run::{
