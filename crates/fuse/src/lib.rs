@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use tank_dataset::posix::Fs;
 
-pub use mount::{mount, unmount, MountHandle, Unmounter, FS_TYPE, FUSE_DEVICE};
+pub use mount::{mount, unmount, MountHandle, Unmounter, FS_TYPE, FUSE_DEVICE, READAHEAD_KB};
 pub use mounter::FuseMounter;
 pub use nodes::{INO_BITS, SNAPSHOT_SLOTS};
 pub use options::{MountError, MountOptions, WritebackCache};
