@@ -88,6 +88,12 @@
 //!   on a failed `close`, where the cache would otherwise report it. The kernel writes the
 //!   file's cached dirty pages (the local mount's writers') back first and drops its
 //!   cached pages after each such write, so both keep one view of the file.
+//! - A name looked up and not found in the live filesystem is answered as a negative entry
+//!   (node 0) with the entry TTL, so the kernel keeps its absence as it keeps a name's
+//!   presence: smbd's `vfs_fruit` looks for a file's AppleDouble `._name` three times
+//!   before it deletes the file. A name made through the mount replaces it; one made past
+//!   the mount (NFS, S3) drops it through the mount's invalidator. Not in the virtual
+//!   directories, where a new snapshot appears without such a notice.
 //! - copy_file_range, lseek (SEEK_DATA/SEEK_HOLE), poll and locks are left to the kernel's
 //!   generic code (ENOSYS, or no capability asked).
 
@@ -138,6 +144,28 @@ const MAX_BACKGROUND: u16 = 64;
 /// (128-byte entry + dirent): how many entries a reply buffer can hold at most.
 const DIRENT_MIN_BYTES: usize = 32;
 const DIRENTPLUS_MIN_BYTES: usize = 160;
+
+/// The attributes of a negative entry: node 0 tells the kernel the name does not exist; the
+/// rest is not read.
+fn absent_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
 
 type Result<T> = std::result::Result<T, Errno>;
 
@@ -467,6 +495,15 @@ impl Server {
                 self.entry(slot, &attr, pin, self.ttl_for(slot))
             }
         }
+    }
+
+    /// Whether a name found missing in `parent` may be cached as missing: in the live
+    /// filesystem's directories, whose entries other front ends' changes invalidate (the
+    /// mount's invalidator), not in the virtual directories (a new snapshot appears in
+    /// `.tank/snapshot` with no such notice).
+    fn caches_absence(&self, parent: INodeNo) -> bool {
+        matches!(Self::decode(parent), Ok(Node::Fs { slot, .. }) if slot == LIVE_SLOT)
+            && !self.ttl.is_zero()
     }
 
     fn do_getattr(&self, nodeid: INodeNo) -> Result<(FileAttr, Duration)> {
@@ -1069,7 +1106,14 @@ impl Filesystem for Server {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _timed = self.timed("lookup");
-        Self::reply_entry(reply, self.do_lookup(req, parent, name));
+        match self.do_lookup(req, parent, name) {
+            Err(e) if e == Errno::ENOENT && self.caches_absence(parent) => {
+                // A negative entry (node 0): the kernel keeps the name's absence for the
+                // entry TTL, as it keeps a name's presence.
+                reply.entry_with_ttls(&Duration::ZERO, &self.ttl, &absent_attr(), Generation(0));
+            }
+            r => Self::reply_entry(reply, r),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
