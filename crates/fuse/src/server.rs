@@ -1109,7 +1109,9 @@ impl Filesystem for Server {
         match self.do_lookup(req, parent, name) {
             Err(e) if e == Errno::ENOENT && self.caches_absence(parent) => {
                 // A negative entry (node 0): the kernel keeps the name's absence for the
-                // entry TTL, as it keeps a name's presence.
+                // entry TTL, as it keeps a name's presence. Still a "not found" answer for
+                // the request counters.
+                FAILED.with(|f| f.set(true));
                 reply.entry_with_ttls(&Duration::ZERO, &self.ttl, &absent_attr(), Generation(0));
             }
             r => Self::reply_entry(reply, r),
