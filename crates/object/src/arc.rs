@@ -187,27 +187,7 @@ impl Drop for PrefetchCharge {
     }
 }
 
-/// Physical memory of this host or container (the smaller of /proc/meminfo's MemTotal and
-/// the cgroup's memory.max), or 4 GiB when neither can be read.
-pub fn physical_memory() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map(|kib| kib * 1024);
-    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    match (meminfo, cgroup) {
-        (Some(m), Some(c)) => m.min(c),
-        (Some(m), None) => m,
-        (None, Some(c)) => c,
-        (None, None) => 4 << 30,
-    }
-}
+pub use tank_pool::txg::physical_memory;
 
 /// The default `arc_max`: a quarter of physical memory (tank shares its host with the
 /// clients it serves and the kernel's page cache), at least `ARC_MIN`.

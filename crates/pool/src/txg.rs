@@ -10,6 +10,8 @@
 //! Dirty data is bounded: a sync starts once the open txg holds `dirty_sync` bytes (or after
 //! `timeout`), writers are delayed progressively above 60 % of `dirty_max` and wait at
 //! `dirty_max` (invariant 10: writers are throttled, the process is never killed).
+//! `dirty_max` is a tenth of memory (64 MiB to 1 GiB), memory being the container's limit
+//! where that is less than the host's ([`physical_memory`]).
 //!
 //! # Concurrency
 //! `inner` (a mutex) guards the counters; `cv` signals every change of `synced`, of the dirty
@@ -32,26 +34,43 @@ pub struct TxgTunables {
 impl Default for TxgTunables {
     fn default() -> Self {
         // ZFS: zfs_dirty_data_max = 10 % of RAM capped at 4 GiB; we cap lower, since our
-        // sync path holds the dirty data in memory until written.
-        let ram = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("MemTotal:"))
-                    .and_then(|l| {
-                        l.split_whitespace()
-                            .nth(1)
-                            .and_then(|v| v.parse::<u64>().ok())
-                    })
-            })
-            .map(|kib| kib * 1024)
-            .unwrap_or(4 << 30);
-        let dirty_max = (ram / 10).clamp(64 << 20, 1 << 30);
+        // sync path holds the dirty data in memory until written. RAM is the container's
+        // memory limit where that is less than the host's, as the ARC's budget takes it: a
+        // tenth of a 64 GiB host is half of a 2 GiB container.
+        let dirty_max = (physical_memory() / 10).clamp(64 << 20, 1 << 30);
         Self {
             dirty_max,
             dirty_sync: dirty_max / 4,
             timeout: Duration::from_secs(5),
         }
+    }
+}
+
+/// Physical memory of this host or container (the smaller of /proc/meminfo's MemTotal and
+/// the cgroup's memory.max), or 4 GiB when neither can be read.
+pub fn physical_memory() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024);
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    memory_limit(meminfo, cgroup)
+}
+
+/// The smaller of the host's memory and the cgroup's limit, whichever are known ("max", no
+/// limit, reads as unknown); 4 GiB when neither is.
+fn memory_limit(meminfo: Option<u64>, cgroup: Option<u64>) -> u64 {
+    match (meminfo, cgroup) {
+        (Some(m), Some(c)) => m.min(c),
+        (Some(m), None) => m,
+        (None, Some(c)) => c,
+        (None, None) => 4 << 30,
     }
 }
 
@@ -156,5 +175,20 @@ impl TxgInner {
     /// Whether a waiter still needs a sync.
     pub fn wanted(&self) -> bool {
         self.want > self.synced && self.want_seq > self.idle_seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_the_smaller_of_the_host_and_the_container_limit() {
+        const G: u64 = 1 << 30;
+        assert_eq!(memory_limit(Some(64 * G), Some(2 * G)), 2 * G);
+        assert_eq!(memory_limit(Some(8 * G), Some(16 * G)), 8 * G);
+        assert_eq!(memory_limit(Some(8 * G), None), 8 * G);
+        assert_eq!(memory_limit(None, Some(G)), G);
+        assert_eq!(memory_limit(None, None), 4 * G);
     }
 }
