@@ -201,9 +201,8 @@ impl EmulatedDevice {
         let mut st = self.timeline.lock();
         if let (true, Some(free)) = (self.model.serial(), st.last_free) {
             let from = st.idle_counted_to.map_or(free, |c| c.max(free));
-            let now = st
-                .busy_since
-                .map_or(Instant::now(), |b| b.min(Instant::now()));
+            let now = Instant::now();
+            let now = st.busy_since.map_or(now, |b| b.min(now));
             let idle = now.saturating_duration_since(from);
             st.t.idle_ns += idle.as_nanos().min(u128::from(u64::MAX)) as u64;
             st.idle_counted_to = Some(now.max(from));

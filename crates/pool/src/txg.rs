@@ -49,18 +49,27 @@ impl Default for TxgTunables {
 /// Physical memory of this host or container (the smaller of /proc/meminfo's MemTotal and
 /// the cgroup's memory.max), or 4 GiB when neither can be read.
 pub fn physical_memory() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")
+    memory_limit(meminfo_bytes("MemTotal"), cgroup_bytes("memory.max"))
+}
+
+/// A field of /proc/meminfo (such as `MemTotal` or `MemAvailable`), in bytes.
+pub fn meminfo_bytes(field: &str) -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kib| kib.saturating_mul(1024))
+}
+
+/// A byte count of this process's cgroup (`memory.max`, `memory.current`); None where it is
+/// not there or says "max".
+pub fn cgroup_bytes(file: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/{file}"))
+        .ok()?
+        .trim()
+        .parse()
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map(|kib| kib * 1024);
-    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    memory_limit(meminfo, cgroup)
 }
 
 /// The smaller of the host's memory and the cgroup's limit, whichever are known ("max", no

@@ -405,7 +405,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     match pretouch::start() {
         Ok(Some(bytes)) => say!(
             "write memory: {} made resident in the background",
-            human(bytes as u64)
+            human(bytes)
         ),
         Ok(None) => {}
         Err(e) => say_err!("warning: write memory is not made resident: {e}"),

@@ -18,8 +18,7 @@
 //! (Java's `AlwaysPreTouch` and database buffer pools do the same). The price is resident
 //! memory the daemon would reach at its first large write anyway, taken at start: it is
 //! skipped when the machine (or the container's memory limit) has less than four times that
-//! available, and
-//! `TANK_PRETOUCH=0` turns it off (`TANK_PRETOUCH=BYTES` sets the amount).
+//! available, and `TANK_PRETOUCH=0` turns it off (`TANK_PRETOUCH=SIZE` sets the amount).
 
 /// The size of the pieces: the default record size, the allocation the write path makes
 /// most.
@@ -29,7 +28,7 @@ const PIECE: usize = 128 << 10;
 /// else `dirty_max`; none when `available` is less than four times that.
 fn amount(setting: Option<&str>, dirty_max: u64, available: u64) -> Result<u64, String> {
     let want = match setting {
-        Some(v) => tank_bench::run::util::parse_size(v.trim())
+        Some(v) => tank_dataset::props::parse_size(v, false)
             .map_err(|e| format!("TANK_PRETOUCH={v}: {e}"))?,
         None => dirty_max,
     };
@@ -43,39 +42,30 @@ fn amount(setting: Option<&str>, dirty_max: u64, available: u64) -> Result<u64, 
 /// for the host (MemAvailable), or what the container's cgroup has left below its limit
 /// when that is less.
 fn mem_available() -> u64 {
-    let read = |path: &str| std::fs::read_to_string(path).ok();
-    let host = read("/proc/meminfo")
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib.saturating_mul(1024));
-    let limit = read("/sys/fs/cgroup/memory.max").and_then(|s| s.trim().parse::<u64>().ok());
-    let used = read("/sys/fs/cgroup/memory.current").and_then(|s| s.trim().parse::<u64>().ok());
-    match (limit, used) {
+    use tank_pool::txg::{cgroup_bytes, meminfo_bytes};
+    let host = meminfo_bytes("MemAvailable").unwrap_or(0);
+    match (cgroup_bytes("memory.max"), cgroup_bytes("memory.current")) {
         (Some(limit), Some(used)) => host.min(limit.saturating_sub(used)),
         _ => host,
     }
 }
 
 /// Starts the touching thread; says how much it will touch (None: nothing).
-pub fn start() -> Result<Option<usize>, String> {
+pub fn start() -> Result<Option<u64>, String> {
     let setting = std::env::var("TANK_PRETOUCH").ok();
     let dirty_max = tank_pool::txg::TxgTunables::default().dirty_max;
     let bytes = amount(setting.as_deref(), dirty_max, mem_available())?;
     if bytes == 0 {
         return Ok(None);
     }
-    let bytes = usize::try_from(bytes).map_err(|_| format!("{bytes} bytes is too much"))?;
+    let pieces = usize::try_from(bytes.div_ceil(PIECE as u64))
+        .map_err(|_| format!("{bytes} bytes is too much"))?;
     std::thread::Builder::new()
         .name("tank-pretouch".into())
         .spawn(move || {
             idle_priority();
-            let pieces: Vec<Vec<u8>> = (0..bytes.div_ceil(PIECE))
-                .map(|_| vec![1u8; PIECE])
-                .collect();
-            drop(pieces);
+            let touched: Vec<Vec<u8>> = (0..pieces).map(|_| vec![1u8; PIECE]).collect();
+            drop(touched);
         })
         .map_err(|e| format!("cannot start the thread: {e}"))?;
     Ok(Some(bytes))
