@@ -214,11 +214,14 @@ impl BlockStore {
         batch: &Arc<IoBatch>,
     ) -> Result<BlockPtr, BlockError> {
         self.write_inner(data, None, props, txg, fill, batch)
+            .map(|(bp, _)| bp)
     }
 
     /// [`BlockStore::write`] of bytes the caller shares and never changes again (an object's
     /// dirty block): when they are stored as they are (not compressed, a whole number of
-    /// sectors, aligned in memory) the devices write them without a copy.
+    /// sectors, aligned in memory) the devices write them without a copy. When they are
+    /// stored compressed, the compressed bytes (the block's physical bytes, `psize` long)
+    /// come back too, for the caller to cache.
     pub fn write_shared(
         &self,
         data: &Arc<Vec<u8>>,
@@ -226,7 +229,7 @@ impl BlockStore {
         txg: u64,
         fill: u64,
         batch: &Arc<IoBatch>,
-    ) -> Result<BlockPtr, BlockError> {
+    ) -> Result<(BlockPtr, Option<Vec<u8>>), BlockError> {
         self.write_inner(data, Some(data), props, txg, fill, batch)
     }
 
@@ -238,7 +241,7 @@ impl BlockStore {
         txg: u64,
         fill: u64,
         batch: &Arc<IoBatch>,
-    ) -> Result<BlockPtr, BlockError> {
+    ) -> Result<(BlockPtr, Option<Vec<u8>>), BlockError> {
         assert!(!data.is_empty(), "empty blocks are holes, not written");
         if data.len() > crate::MAX_BLOCK_BYTES {
             return Err(BlockError::InvalidProperty(format!(
@@ -256,7 +259,7 @@ impl BlockStore {
         bp.compression = compression;
         bp.lsize = data.len() as u32;
         bp.fill = fill;
-        Ok(bp)
+        Ok((bp, compressed))
     }
 
     /// Allocates and queues physical bytes; gangs the block (splits it into pieces listed by

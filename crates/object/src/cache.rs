@@ -249,15 +249,26 @@ impl BlockCache {
 
     /// Keeps a data block just written in the ARC, as ZFS keeps the buffers it writes: a
     /// read soon after the write (a file copied and then read back, a client that re-reads
-    /// what it saved) is a hit instead of a device read and a checksum. Only a block stored
-    /// uncompressed is kept this way (its logical bytes are its physical ones); a compressed
-    /// block comes into the ARC at its first read.
-    pub fn keep_written(&self, bp: &BlockPtr, data: Arc<Vec<u8>>) {
-        if bp.compression != Compression::Off || data.len() != bp.lsize as usize {
-            return;
-        }
+    /// what it saved, a volume's 4 KiB write that reads the rest of its block) is a hit
+    /// instead of a device read and a checksum. The ARC holds blocks as stored: a block
+    /// stored uncompressed is kept as its logical bytes (`data`, shared), a compressed one as
+    /// the compressed bytes the sync wrote (`stored`, `psize` long).
+    pub fn keep_written(&self, bp: &BlockPtr, data: Arc<Vec<u8>>, stored: Option<Vec<u8>>) {
+        let physical = match stored {
+            _ if bp.compression == Compression::Off => {
+                if data.len() != bp.lsize as usize {
+                    return;
+                }
+                data
+            }
+            Some(mut c) if c.len() == bp.psize as usize => {
+                c.shrink_to_fit();
+                Arc::new(c)
+            }
+            _ => return,
+        };
         if let Some(key) = self.key(bp) {
-            self.arc.insert(key, data, false, false);
+            self.arc.insert(key, physical, false, false);
         }
     }
 

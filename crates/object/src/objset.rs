@@ -274,13 +274,14 @@ struct SyncStore<'a> {
 }
 
 impl SyncStore<'_> {
-    /// Writes a block, from the caller's shared bytes where it gives them.
+    /// Writes a block, from the caller's shared bytes where it gives them; with them, the
+    /// compressed bytes come back when the block was stored compressed.
     fn write_either(
         &self,
         data: &[u8],
         shared: Option<&Arc<Vec<u8>>>,
         kind: WriteKind,
-    ) -> Result<BlockPtr, TreeError> {
+    ) -> Result<(BlockPtr, Option<Vec<u8>>), TreeError> {
         let props = match kind {
             WriteKind::Node { level } => WriteProps {
                 kind: BlockKind::TreeNode,
@@ -297,11 +298,14 @@ impl SyncStore<'_> {
             Some(bytes) => self
                 .blocks
                 .write_shared(bytes, &props, self.txg, 1, self.batch),
-            None => self.blocks.write(data, &props, self.txg, 1, self.batch),
+            None => self
+                .blocks
+                .write(data, &props, self.txg, 1, self.batch)
+                .map(|bp| (bp, None)),
         };
-        let bp = written.map_err(|e| TreeError::Store(e.to_string()))?;
+        let (bp, stored) = written.map_err(|e| TreeError::Store(e.to_string()))?;
         self.report.lock().born.add(Space::of(self.blocks, &bp));
-        Ok(bp)
+        Ok((bp, stored))
     }
 
     fn kill(&self, bp: &BlockPtr) -> Result<(), PoolError> {
@@ -325,13 +329,13 @@ impl NodeStore for SyncStore<'_> {
         read_node(self.cache, bp, self.cache_policy)
     }
     fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError> {
-        self.write_either(data, None, kind)
+        self.write_either(data, None, kind).map(|(bp, _)| bp)
     }
     fn write_block_shared(
         &self,
         data: &Arc<Vec<u8>>,
         kind: WriteKind,
-    ) -> Result<BlockPtr, TreeError> {
+    ) -> Result<(BlockPtr, Option<Vec<u8>>), TreeError> {
         self.write_either(data, Some(data), kind)
     }
     fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError> {
@@ -1702,7 +1706,7 @@ impl ObjectSet {
         for r in std::mem::take(&mut *self.written.lock()) {
             if keep {
                 if let (Some(bp), Some(data)) = (r.bp(), r.dirty_data()) {
-                    self.cache.keep_written(&bp, data);
+                    self.cache.keep_written(&bp, data, r.take_stored());
                 }
             }
             r.release_data();

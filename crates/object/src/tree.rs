@@ -136,13 +136,15 @@ pub trait NodeStore: Send + Sync {
     /// Writes a block during a sync; `kind` tells the store what it is.
     fn write_block(&self, data: &[u8], kind: WriteKind) -> Result<BlockPtr, TreeError>;
     /// `write_block` of bytes nothing changes again (a dirty data block), which a store may
-    /// hand to the devices without a copy.
+    /// hand to the devices without a copy. A store that compressed them may give back the
+    /// compressed bytes (the block's physical bytes), which the block keeps until its write
+    /// has completed, for the cache.
     fn write_block_shared(
         &self,
         data: &Arc<Vec<u8>>,
         kind: WriteKind,
-    ) -> Result<BlockPtr, TreeError> {
-        self.write_block(data, kind)
+    ) -> Result<(BlockPtr, Option<Vec<u8>>), TreeError> {
+        Ok((self.write_block(data, kind)?, None))
     }
     /// Frees a block during a sync (the store defers reuse).
     fn free_block(&self, bp: &BlockPtr) -> Result<(), TreeError>;
@@ -261,6 +263,9 @@ impl Value {
 pub struct BlockRef {
     bp: OnceLock<BlockPtr>,
     data: Mutex<Option<Arc<Vec<u8>>>>,
+    /// The bytes as stored, when the sync compressed them: kept with `data` until the write
+    /// has completed, for the ARC (which holds blocks as stored).
+    stored: Mutex<Option<Vec<u8>>>,
     tag: u32,
     /// Written outside a sync (by the intent log, or replayed from it) and not yet counted
     /// as born by a sync.
@@ -276,6 +281,7 @@ impl BlockRef {
         Arc::new(BlockRef {
             bp: OnceLock::new(),
             data: Mutex::new(Some(data)),
+            stored: Mutex::new(None),
             tag,
             prewritten: Default::default(),
             by_log: Default::default(),
@@ -289,6 +295,7 @@ impl BlockRef {
         Arc::new(BlockRef {
             bp: cell,
             data: Mutex::new(None),
+            stored: Mutex::new(None),
             tag: 0,
             prewritten: Default::default(),
             by_log: Default::default(),
@@ -303,6 +310,7 @@ impl BlockRef {
         Arc::new(BlockRef {
             bp: cell,
             data: Mutex::new(None),
+            stored: Mutex::new(None),
             tag,
             prewritten: std::sync::atomic::AtomicBool::new(true),
             by_log: std::sync::atomic::AtomicBool::new(true),
@@ -380,11 +388,18 @@ impl BlockRef {
         let bytes = data
             .as_ref()
             .ok_or_else(|| TreeError::Corrupt("data block neither written nor in memory".into()))?;
-        let bp = store.write_block_shared(bytes, WriteKind::Data { tag: self.tag })?;
+        let (bp, stored) = store.write_block_shared(bytes, WriteKind::Data { tag: self.tag })?;
         assert!(self.bp.set(bp).is_ok(), "data block bp set twice");
+        *self.stored.lock() = stored;
         // The bytes stay in memory until the write is known to be on the devices: a reader
         // must not go to a device before the queued write has reached it.
         Ok(bp)
+    }
+
+    /// The bytes as stored, when the sync that wrote the block compressed them; taken, so
+    /// they are handed on once.
+    pub fn take_stored(&self) -> Option<Vec<u8>> {
+        self.stored.lock().take()
     }
 
     /// Drops the in-memory bytes of a written block, once its write has completed.
@@ -392,6 +407,7 @@ impl BlockRef {
         let mut data = self.data.lock();
         if self.bp.get().is_some() {
             *data = None;
+            *self.stored.lock() = None;
         }
     }
 }

@@ -150,6 +150,64 @@ fn arc_hits_promote_and_the_budget_holds_on_a_pool() {
     r.pool.export().unwrap();
 }
 
+/// A block just written stays in the ARC as stored, compressed or not: reading it back (a
+/// volume's 4 KiB write reads the rest of its 16K block) is a hit, never a device read, and
+/// a compressed block is held at its compressed size.
+#[test]
+fn blocks_just_written_stay_in_the_arc_compressed_or_not() {
+    let devs: HashMap<String, DeviceRef> =
+        (0..4).map(|i| mem(&format!("d{i}"), 256 << 20)).collect();
+    let opts = CreateOptions {
+        ashift: 12,
+        force: false,
+        tunables: manual_txgs(),
+        ..Default::default()
+    };
+    let (pool, _) = Pool::create("kept", &spec("raidz1 d0 d1 d2 d3"), &devs, &opts).unwrap();
+    let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
+    let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let size = 1usize << 20;
+    let mut objects = Vec::new();
+    for compressible in [true, false] {
+        let tx = store.begin(0).unwrap();
+        let id = os.create_object(&tx, 1, 16 << 10).unwrap();
+        drop(tx);
+        let data = bytes(&mut rng, size, compressible);
+        let tx = store.begin(size as u64).unwrap();
+        os.write(&tx, id, 0, &data).unwrap();
+        drop(tx);
+        objects.push((id, data));
+    }
+    store.sync().unwrap();
+    let s = arc.stats();
+    assert_eq!(s.demand_data_misses, 0, "{s:?}");
+    // Both objects are held: the incompressible one whole, the compressible one in less.
+    assert!(s.data_size > size as u64, "{s:?}");
+    assert!(
+        s.data_size < 2 * size as u64,
+        "compressed blocks held whole: {s:?}"
+    );
+    for (id, want) in &objects {
+        for off in (0..size).step_by(16 << 10) {
+            let got = os.read(*id, off as u64 + 4096, 4096).unwrap();
+            assert_eq!(
+                &got[..],
+                &want[off + 4096..off + 8192],
+                "object {id} at {off}"
+            );
+        }
+    }
+    let s = arc.stats();
+    assert_eq!(
+        s.demand_data_misses, 0,
+        "a block just written was read again: {s:?}"
+    );
+    assert!(s.demand_data_hits >= 2 * 64, "{s:?}");
+    pool.export().unwrap();
+}
+
 #[test]
 fn direct_reads_use_cached_blocks_and_keep_only_those_they_read_in_part() {
     let r = rig(false);
