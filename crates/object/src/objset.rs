@@ -664,9 +664,20 @@ impl ObjectSet {
 
     /// A replaced data block is freed by the sync of the open txg (if it was ever written).
     /// Returns the old value's logical length.
+    ///
+    /// A block no snapshot holds leaves the ARC now rather than at that sync, as ZFS releases
+    /// a dirtied buffer from the ARC: nothing reads it through the live tree again, and
+    /// overwrites would otherwise hold the old and the new version of every block they
+    /// touch until the sync (a volume's random writes: the volume twice over). A reader that
+    /// found the old pointer before the change still reads it, from the devices.
     fn retire(&self, old: Option<Value>) -> u64 {
         let len = old.as_ref().map_or(0, Value::logical_len);
         if let Some(Value::Block(r)) = old {
+            if let Some(bp) = r.bp() {
+                if bp.birth_txg > self.prev_snap_txg() {
+                    self.cache.forget(&bp);
+                }
+            }
             self.open_frees.lock().push(r);
         }
         len

@@ -208,6 +208,63 @@ fn blocks_just_written_stay_in_the_arc_compressed_or_not() {
     pool.export().unwrap();
 }
 
+/// A block overwritten leaves the ARC when it is replaced, unless a snapshot holds it: the
+/// cache never holds a block's old and new version at once for the live tree.
+#[test]
+fn an_overwritten_block_leaves_the_arc_unless_a_snapshot_holds_it() {
+    let devs: HashMap<String, DeviceRef> =
+        (0..4).map(|i| mem(&format!("d{i}"), 256 << 20)).collect();
+    let opts = CreateOptions {
+        ashift: 12,
+        force: false,
+        tunables: manual_txgs(),
+        ..Default::default()
+    };
+    let (pool, _) = Pool::create("over", &spec("raidz1 d0 d1 d2 d3"), &devs, &opts).unwrap();
+    let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
+    let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (size, block) = (1usize << 20, 16usize << 10);
+    let tx = store.begin(0).unwrap();
+    let id = os.create_object(&tx, 1, block as u32).unwrap();
+    drop(tx);
+    let mut want = bytes(&mut rng, size, false);
+    let tx = store.begin(size as u64).unwrap();
+    os.write(&tx, id, 0, &want).unwrap();
+    drop(tx);
+    store.sync().unwrap();
+    let held = arc.stats().data_size;
+    assert!(held >= size as u64, "{held}");
+    // 4 KiB into each of the first 16 blocks: their old versions leave the ARC at once.
+    let patch = bytes(&mut rng, 4096, false);
+    let overwrite = |want: &mut Vec<u8>, first: usize| {
+        for b in first..first + 16 {
+            let off = b * block + 4096;
+            let tx = store.begin(4096).unwrap();
+            os.write(&tx, id, off as u64, &patch).unwrap();
+            drop(tx);
+            want[off..off + 4096].copy_from_slice(&patch);
+        }
+    };
+    overwrite(&mut want, 0);
+    let s = arc.stats();
+    assert_eq!(s.data_size, held - 16 * block as u64, "{s:?}");
+    assert_eq!(&os.read(id, 0, size).unwrap()[..], &want[..]);
+    // The sync keeps the new versions.
+    store.sync().unwrap();
+    assert_eq!(arc.stats().data_size, held);
+    // With a snapshot holding every block written so far, an overwrite keeps the old ones.
+    os.set_snapshot_txgs(pool.synced_txg(), 0).unwrap();
+    overwrite(&mut want, 32);
+    assert_eq!(arc.stats().data_size, held);
+    assert_eq!(&os.read(id, 0, size).unwrap()[..], &want[..]);
+    // No dataset layer here keeps the snapshot's blocks: the sync frees them.
+    os.set_snapshot_txgs(0, 0).unwrap();
+    store.sync().unwrap();
+    pool.export().unwrap();
+}
+
 #[test]
 fn direct_reads_use_cached_blocks_and_keep_only_those_they_read_in_part() {
     let r = rig(false);
