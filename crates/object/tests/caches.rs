@@ -150,11 +150,8 @@ fn arc_hits_promote_and_the_budget_holds_on_a_pool() {
     r.pool.export().unwrap();
 }
 
-/// A block just written stays in the ARC as stored, compressed or not: reading it back (a
-/// volume's 4 KiB write reads the rest of its 16K block) is a hit, never a device read, and
-/// a compressed block is held at its compressed size.
-#[test]
-fn blocks_just_written_stay_in_the_arc_compressed_or_not() {
+/// An empty raidz1 of 4 x 256 MiB with a 32 MiB ARC of its own.
+fn empty_rig(name: &str) -> (Arc<Pool>, Arc<AdaptiveCache>, Arc<ObjectStore>) {
     let devs: HashMap<String, DeviceRef> =
         (0..4).map(|i| mem(&format!("d{i}"), 256 << 20)).collect();
     let opts = CreateOptions {
@@ -163,9 +160,18 @@ fn blocks_just_written_stay_in_the_arc_compressed_or_not() {
         tunables: manual_txgs(),
         ..Default::default()
     };
-    let (pool, _) = Pool::create("kept", &spec("raidz1 d0 d1 d2 d3"), &devs, &opts).unwrap();
+    let (pool, _) = Pool::create(name, &spec("raidz1 d0 d1 d2 d3"), &devs, &opts).unwrap();
     let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
     let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    (pool, arc, store)
+}
+
+/// A block just written stays in the ARC as stored, compressed or not: reading it back (a
+/// volume's 4 KiB write reads the rest of its 16K block) is a hit, never a device read, and
+/// a compressed block is held at its compressed size.
+#[test]
+fn blocks_just_written_stay_in_the_arc_compressed_or_not() {
+    let (pool, arc, store) = empty_rig("kept");
     let os = store.objset(ROOT_OBJSET).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let size = 1usize << 20;
@@ -212,17 +218,7 @@ fn blocks_just_written_stay_in_the_arc_compressed_or_not() {
 /// cache never holds a block's old and new version at once for the live tree.
 #[test]
 fn an_overwritten_block_leaves_the_arc_unless_a_snapshot_holds_it() {
-    let devs: HashMap<String, DeviceRef> =
-        (0..4).map(|i| mem(&format!("d{i}"), 256 << 20)).collect();
-    let opts = CreateOptions {
-        ashift: 12,
-        force: false,
-        tunables: manual_txgs(),
-        ..Default::default()
-    };
-    let (pool, _) = Pool::create("over", &spec("raidz1 d0 d1 d2 d3"), &devs, &opts).unwrap();
-    let arc = Arc::new(AdaptiveCache::new(ARC_MIN));
-    let store = ObjectStore::open_with_arc(pool.clone(), arc.clone()).unwrap();
+    let (pool, arc, store) = empty_rig("over");
     let os = store.objset(ROOT_OBJSET).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let (size, block) = (1usize << 20, 16usize << 10);
