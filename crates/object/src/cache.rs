@@ -254,18 +254,19 @@ impl BlockCache {
     /// stored uncompressed is kept as its logical bytes (`data`, shared), a compressed one as
     /// the compressed bytes the sync wrote (`stored`, `psize` long).
     pub fn keep_written(&self, bp: &BlockPtr, data: Arc<Vec<u8>>, stored: Option<Vec<u8>>) {
-        let physical = match stored {
-            _ if bp.compression == Compression::Off => {
-                if data.len() != bp.lsize as usize {
-                    return;
+        let physical = if bp.compression == Compression::Off {
+            if data.len() != bp.lsize as usize {
+                return;
+            }
+            data
+        } else {
+            match stored {
+                Some(mut c) if c.len() == bp.psize as usize => {
+                    c.shrink_to_fit();
+                    Arc::new(c)
                 }
-                data
+                _ => return,
             }
-            Some(mut c) if c.len() == bp.psize as usize => {
-                c.shrink_to_fit();
-                Arc::new(c)
-            }
-            _ => return,
         };
         if let Some(key) = self.key(bp) {
             self.arc.insert(key, physical, false, false);
