@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use tank_block::{
@@ -346,6 +346,23 @@ impl NodeStore for SyncStore<'_> {
     }
 }
 
+/// What replacing a tree item let go of.
+struct Retired {
+    /// The old value's logical length.
+    len: u64,
+    /// Bytes of an unwritten block of the open txg that left memory with it.
+    released: u64,
+}
+
+/// A data block put into the tree.
+struct PutBlock {
+    value: Option<Value>,
+    /// Change of the object's logical data bytes.
+    delta: i64,
+    /// Change of the dirty bytes held in memory.
+    held: i64,
+}
+
 struct Frozen {
     txg: u64,
     snapshot: TreeSnapshot,
@@ -366,10 +383,16 @@ pub struct ObjectSet {
     /// Told of every read that failed for want of a good copy (the pool's error log).
     error_sink: std::sync::OnceLock<ErrorSink>,
     tree: Mutex<CowTree>,
-    /// Data blocks replaced or removed in the open txg.
+    /// Data blocks replaced or removed in the open txg that a sync or the intent log wrote:
+    /// the open txg's sync frees them.
     open_frees: Mutex<Vec<Arc<BlockRef>>>,
-    /// Data blocks created in the open txg (their bytes are released after their sync).
-    open_created: Mutex<Vec<Arc<BlockRef>>>,
+    /// Data blocks the open txg created and then replaced or removed before anything wrote
+    /// them: nothing to free, and their bytes leave memory at once, unless the intent log
+    /// still holds one (a large write's record) and writes it before the sync.
+    open_dropped: Mutex<Vec<Weak<BlockRef>>>,
+    /// Data blocks created in the open txg, one per key: the latest version (their bytes are
+    /// released after their sync).
+    open_created: Mutex<HashMap<Key, Arc<BlockRef>>>,
     /// Blocks written by the last sync, released once its writes completed.
     written: Mutex<Vec<Arc<BlockRef>>>,
     frozen: Mutex<Option<Frozen>>,
@@ -443,7 +466,8 @@ impl ObjectSet {
             error_sink: std::sync::OnceLock::new(),
             tree: Mutex::new(CowTree::open(root)),
             open_frees: Mutex::new(Vec::new()),
-            open_created: Mutex::new(Vec::new()),
+            open_dropped: Mutex::new(Vec::new()),
+            open_created: Mutex::new(HashMap::new()),
             written: Mutex::new(Vec::new()),
             frozen: Mutex::new(None),
             root: Mutex::new(root),
@@ -510,7 +534,10 @@ impl ObjectSet {
                         self.dirty_bytes
                             .fetch_add(u64::from(bp.lsize), Ordering::AcqRel);
                     }
-                    self.open_created.lock().push(r.clone());
+                    let r = r.clone();
+                    self.tree_insert(k, v)?;
+                    self.open_created.lock().insert(k, r);
+                    return Ok(());
                 }
                 self.tree_insert(k, v).map(drop)
             }
@@ -650,37 +677,74 @@ impl ObjectSet {
 
     /// Inserts or replaces; returns the logical length of the value replaced (0 if none).
     fn tree_insert(&self, k: Key, v: Value) -> Result<u64, ObjectError> {
+        Ok(self.tree_replace(k, v)?.len)
+    }
+
+    fn tree_replace(&self, k: Key, v: Value) -> Result<Retired, ObjectError> {
         let old = self.tree.lock().insert(&self.store(), k, v)?;
         self.dirty.store(true, Ordering::Release);
-        Ok(self.retire(old))
+        Ok(self.retire(&k, old))
     }
 
     /// Removes; returns the logical length of the value removed (0 if none).
     fn tree_remove(&self, k: &Key) -> Result<u64, ObjectError> {
         let old = self.tree.lock().remove(&self.store(), k)?;
         self.dirty.store(true, Ordering::Release);
-        Ok(self.retire(old))
+        Ok(self.retire(k, old).len)
     }
 
     /// A replaced data block is freed by the sync of the open txg (if it was ever written).
-    /// Returns the old value's logical length.
     ///
     /// A block no snapshot holds leaves the ARC now rather than at that sync, as ZFS releases
     /// a dirtied buffer from the ARC: nothing reads it through the live tree again, and
     /// overwrites would otherwise hold the old and the new version of every block they
     /// touch until the sync (a volume's random writes: the volume twice over). A reader that
     /// found the old pointer before the change still reads it, from the devices.
-    fn retire(&self, old: Option<Value>) -> u64 {
+    ///
+    /// A block the open txg itself created and nothing wrote is dropped at once, as ZFS
+    /// frees a dirty record it overwrites in the same txg: repeated writes into one block
+    /// (a volume's 4 KiB writes into its 16 KiB blocks, small appends) hold one version of
+    /// it, not one per write.
+    fn retire(&self, k: &Key, old: Option<Value>) -> Retired {
         let len = old.as_ref().map_or(0, Value::logical_len);
+        let mut released = 0;
         if let Some(Value::Block(r)) = old {
-            if let Some(bp) = r.bp() {
-                if bp.birth_txg > self.prev_snap_txg() {
-                    self.cache.forget(&bp);
+            let mine = {
+                let mut created = self.open_created.lock();
+                let mine = created.get(k).is_some_and(|c| Arc::ptr_eq(c, &r));
+                if mine {
+                    created.remove(k);
                 }
+                mine
+            };
+            match r.bp() {
+                Some(bp) => {
+                    if bp.birth_txg > self.prev_snap_txg() {
+                        self.cache.forget(&bp);
+                    }
+                    self.open_frees.lock().push(r);
+                }
+                None if mine => {
+                    released = r.dirty_data().map_or(0, |d| d.len() as u64);
+                    self.open_dropped.lock().push(Arc::downgrade(&r));
+                }
+                // Created by the txg now syncing, which writes it: this txg frees it.
+                None => self.open_frees.lock().push(r),
             }
-            self.open_frees.lock().push(r);
         }
-        len
+        Retired { len, released }
+    }
+
+    /// Replaced blocks the open txg's sync must look at: those known written, and those
+    /// dropped unwritten that something (the intent log) still holds and may have written.
+    fn open_frees(&self) -> Vec<Arc<BlockRef>> {
+        let mut frees = std::mem::take(&mut *self.open_frees.lock());
+        frees.extend(
+            std::mem::take(&mut *self.open_dropped.lock())
+                .iter()
+                .filter_map(Weak::upgrade),
+        );
+        frees
     }
 
     fn inline(bytes: &[u8]) -> Value {
@@ -883,34 +947,42 @@ impl ObjectSet {
     }
 
     /// Stores block `blkid` with `data` (already trimmed to the object size; a hole when all
-    /// zeros); returns what the tree now holds there and the change of the object's
-    /// `data_bytes`.
-    fn put_block(
-        &self,
-        obj: u64,
-        blkid: u64,
-        mut data: Vec<u8>,
-    ) -> Result<(Option<Value>, i64), ObjectError> {
+    /// zeros); returns what the tree now holds there, the change of the object's
+    /// `data_bytes` and the change of the dirty bytes held in memory.
+    fn put_block(&self, obj: u64, blkid: u64, mut data: Vec<u8>) -> Result<PutBlock, ObjectError> {
         let k = key(obj, KIND_DATA, blkid);
         while data.last() == Some(&0) {
             data.pop();
         }
         if data.is_empty() {
             let old = self.tree_remove(&k)?;
-            return Ok((None, -(old as i64)));
+            return Ok(PutBlock {
+                value: None,
+                delta: -(old as i64),
+                held: 0,
+            });
         }
         // Pad to a whole 512-byte unit so compression and sector rounding see the same size.
         let padded = data.len().div_ceil(512) * 512;
         data.resize(padded, 0);
-        let v = if data.len() <= INLINE_MAX {
-            Self::inline(&data)
-        } else {
-            let r = BlockRef::new_dirty(Arc::new(data), self.policy().tag());
-            self.open_created.lock().push(r.clone());
-            Value::Block(r)
-        };
-        let old = self.tree_insert(k, v.clone())?;
-        Ok((Some(v), padded as i64 - old as i64))
+        if data.len() <= INLINE_MAX {
+            let v = Self::inline(&data);
+            let old = self.tree_replace(k, v.clone())?;
+            return Ok(PutBlock {
+                value: Some(v),
+                delta: padded as i64 - old.len as i64,
+                held: -(old.released as i64),
+            });
+        }
+        let r = BlockRef::new_dirty(Arc::new(data), self.policy().tag());
+        let v = Value::Block(r.clone());
+        let old = self.tree_replace(k, v.clone())?;
+        self.open_created.lock().insert(k, r);
+        Ok(PutBlock {
+            value: Some(v),
+            delta: padded as i64 - old.len as i64,
+            held: padded as i64 - old.released as i64,
+        })
     }
 
     /// Sets where reads report objects damaged beyond repair (once).
@@ -1171,6 +1243,8 @@ impl ObjectSet {
         // commit, a pointer in the log); a small one as the bytes written.
         let large = data.len() > crate::zil::IMMEDIATE_MAX;
         let mut blocks = Vec::new();
+        // Bytes of dirty blocks this write adds to memory.
+        let mut held = 0i64;
         while pos < end {
             let blkid = pos / bs;
             let block_start = blkid * bs;
@@ -1188,13 +1262,17 @@ impl ObjectSet {
                 buf[in_block..in_block + n].copy_from_slice(&data[src..src + n]);
                 buf
             };
-            let (v, delta) = self.put_block(obj, blkid, buf)?;
-            info.count_data(delta);
+            let put = self.put_block(obj, blkid, buf)?;
+            info.count_data(put.delta);
+            held += put.held;
             if large {
-                blocks.push((blkid, v));
+                blocks.push((blkid, put.value));
             }
             pos += n as u64;
         }
+        // The transaction was charged the bytes written; a write into part of a block holds
+        // the whole block.
+        tx.charge(u64::try_from(held - data.len() as i64).unwrap_or(0));
         info.size = new_size;
         info.modified_txg = tx.txg;
         self.dirty_bytes
@@ -1235,8 +1313,9 @@ impl ObjectSet {
                 let blkid = size / bs;
                 if let Some(mut b) = self.read_block(obj, blkid)? {
                     b.truncate((size % bs) as usize);
-                    let (_, delta) = self.put_block(obj, blkid, b)?;
-                    info.count_data(delta);
+                    let put = self.put_block(obj, blkid, b)?;
+                    info.count_data(put.delta);
+                    tx.charge(u64::try_from(put.held).unwrap_or(0));
                 }
             }
         }
@@ -1289,10 +1368,17 @@ impl ObjectSet {
             let hi = ((to - blkid * bs) as usize).min(b.len());
             if lo < hi {
                 b[lo..hi].fill(0);
-                let (v, delta) = self.put_block(obj, blkid, b)?;
-                info.count_data(delta);
+                let put = self.put_block(obj, blkid, b)?;
+                info.count_data(put.delta);
+                tx.charge(u64::try_from(put.held).unwrap_or(0));
                 let key = key(obj, KIND_DATA, blkid);
-                self.log(tx.txg, crate::zil::LogOp::Set { key, value: v });
+                self.log(
+                    tx.txg,
+                    crate::zil::LogOp::Set {
+                        key,
+                        value: put.value,
+                    },
+                );
             }
         }
         if first_whole < end_whole {
@@ -1549,8 +1635,9 @@ impl ObjectSet {
             self.dirty_bytes
                 .fetch_add(data.len() as u64, Ordering::AcqRel);
             let r = BlockRef::new_dirty(Arc::new(data), self.policy().tag());
-            self.open_created.lock().push(r.clone());
-            Value::Block(r)
+            self.tree_insert(k, Value::Block(r.clone()))?;
+            self.open_created.lock().insert(k, r);
+            return Ok(());
         } else {
             if data.len() > crate::tree::MAX_INLINE {
                 return Err(ObjectError::Invalid(format!(
@@ -1610,8 +1697,10 @@ impl ObjectSet {
             Ordering::Release,
         );
         let (snapshot, obsolete) = self.tree.lock().snapshot();
-        let frees = std::mem::take(&mut *self.open_frees.lock());
-        let created = std::mem::take(&mut *self.open_created.lock());
+        let frees = self.open_frees();
+        let created = std::mem::take(&mut *self.open_created.lock())
+            .into_values()
+            .collect();
         *self.frozen.lock() = Some(Frozen {
             txg,
             snapshot,
@@ -1684,6 +1773,7 @@ impl ObjectSet {
         let orphans = self.unsynced_log_blocks();
         *self.tree.lock() = CowTree::open(root);
         self.open_frees.lock().clear();
+        self.open_dropped.lock().clear();
         self.open_created.lock().clear();
         {
             let mut l = self.log.lock();
@@ -1701,9 +1791,10 @@ impl ObjectSet {
     /// has referenced: allocated, but only the open txg's tree knows them. When those
     /// changes are discarded (rollback, destroy) the caller frees them.
     pub(crate) fn unsynced_log_blocks(&self) -> Vec<BlockPtr> {
-        self.open_created
-            .lock()
-            .iter()
+        let mut refs: Vec<Arc<BlockRef>> = self.open_created.lock().values().cloned().collect();
+        refs.extend(self.open_frees.lock().iter().cloned());
+        refs.extend(self.open_dropped.lock().iter().filter_map(Weak::upgrade));
+        refs.iter()
             .filter(|r| r.take_prewritten())
             .filter_map(|r| r.bp())
             .collect()

@@ -446,3 +446,47 @@ fn cache_and_log_devices_are_added_and_removed_while_running() {
     }
     pool.export().unwrap();
 }
+
+/// A small write into a larger block is charged to the write throttle as the whole block the
+/// first time the txg dirties it (ZFS charges a buffer's size when first dirtied), so the
+/// dirty-data limit bounds the memory really held: a volume's 4 KiB writes into its 16 KiB
+/// blocks hold 16 KiB each. A write into a block the txg already holds adds only its bytes.
+#[test]
+fn a_write_into_part_of_a_block_is_charged_the_whole_block_once_per_txg() {
+    let (pool, _arc, store) = empty_rig("charged");
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    const K: u64 = 1024;
+    let tx = store.begin(0).unwrap();
+    let id = os.create_object(&tx, 1, 16 << 10).unwrap();
+    drop(tx);
+    let mut model = bytes(&mut rng, 64 << 10, false);
+    let tx = store.begin(model.len() as u64).unwrap();
+    os.write(&tx, id, 0, &model).unwrap();
+    drop(tx);
+    store.sync().unwrap();
+    assert_eq!(pool.dirty_bytes(), 0);
+
+    let mut write = |model: &mut Vec<u8>, offset: u64| {
+        let data = bytes(&mut rng, 4 << 10, false);
+        let tx = store.begin(data.len() as u64).unwrap();
+        os.write(&tx, id, offset, &data).unwrap();
+        drop(tx);
+        model[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+        pool.dirty_bytes()
+    };
+    // First write into block 0: the whole 16 KiB block.
+    assert_eq!(write(&mut model, 0), 16 * K);
+    // Again into block 0: what was asked for, no more.
+    assert_eq!(write(&mut model, 4 * K), 20 * K);
+    assert_eq!(write(&mut model, 12 * K), 24 * K);
+    // Into block 2: another whole block.
+    assert_eq!(write(&mut model, 40 * K), 40 * K);
+    store.sync().unwrap();
+    assert_eq!(pool.dirty_bytes(), 0);
+    assert_eq!(os.read(id, 0, model.len()).unwrap(), model);
+    // After the sync, block 0 is clean again: charged whole once more.
+    assert_eq!(write(&mut model, 8 * K), 16 * K);
+    store.sync().unwrap();
+    assert_eq!(os.read(id, 0, model.len()).unwrap(), model);
+}

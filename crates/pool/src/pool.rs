@@ -2009,6 +2009,13 @@ impl Pool {
         }
     }
 
+    /// Dirty data held in memory for the open and the syncing txg, as the write throttle
+    /// counts it (ZFS's `dp_dirty_total`).
+    pub fn dirty_bytes(&self) -> u64 {
+        let i = self.txg.inner.lock();
+        i.dirty_open + i.dirty_syncing
+    }
+
     /// Starts a transaction in the open txg, charged with `dirty_bytes` of new data. Refuses
     /// with NoSpace when the pool cannot hold the dirty data plus its parity and metadata.
     pub fn begin_tx(&self, dirty_bytes: u64) -> Result<Tx<'_>, PoolError> {

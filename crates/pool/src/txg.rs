@@ -115,6 +115,25 @@ pub(crate) struct TxgManager {
 pub struct Tx<'a> {
     pub txg: u64,
     _gate: RwLockReadGuard<'a, ()>,
+    txgs: &'a TxgManager,
+}
+
+impl Tx<'_> {
+    /// Charges `bytes` more dirty data to this transaction's txg: memory the change holds
+    /// beyond what [`TxgManager::begin`] was told, as a 4 KiB write into a 16 KiB block
+    /// holds the whole block (ZFS charges a buffer's whole size when it is first dirtied in
+    /// a txg). Never waits: the throttle applies at the next `begin`, and a sync starts
+    /// once the open txg holds `dirty_sync`.
+    pub fn charge(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut inner = self.txgs.inner.lock();
+        inner.dirty_open += bytes;
+        if inner.dirty_open >= self.txgs.tunables.dirty_sync {
+            self.txgs.cv.notify_all();
+        }
+    }
 }
 
 impl TxgManager {
@@ -168,6 +187,7 @@ impl TxgManager {
         Ok(Tx {
             txg: inner.open,
             _gate: gate,
+            txgs: self,
         })
     }
 
@@ -190,6 +210,44 @@ impl TxgInner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_charge_counts_toward_the_throttle_and_starts_a_sync() {
+        let txgs = TxgManager::new(
+            5,
+            TxgTunables {
+                dirty_max: 64 << 10,
+                dirty_sync: 32 << 10,
+                timeout: Duration::from_secs(5),
+            },
+        );
+        {
+            let tx = txgs.begin(4 << 10).unwrap();
+            // A 4 KiB write that dirtied a 64 KiB block.
+            tx.charge(60 << 10);
+            assert_eq!(txgs.inner.lock().dirty_open, 64 << 10);
+        }
+        let txgs = &txgs;
+        std::thread::scope(|s| {
+            let (sent, got) = std::sync::mpsc::channel();
+            s.spawn(move || {
+                let tx = txgs.begin(4 << 10).unwrap();
+                sent.send(tx.txg).unwrap();
+            });
+            // The next writer waits for the sync the charge asked for...
+            assert!(got.recv_timeout(Duration::from_millis(200)).is_err());
+            assert!(txgs.inner.lock().want >= 5, "no sync asked for");
+            // ...and goes on once the sync has released the dirty data.
+            {
+                let mut inner = txgs.inner.lock();
+                inner.open = 6;
+                inner.synced = 5;
+                inner.dirty_open = 0;
+                txgs.cv.notify_all();
+            }
+            assert_eq!(got.recv_timeout(Duration::from_secs(10)).unwrap(), 6);
+        });
+    }
 
     #[test]
     fn memory_is_the_smaller_of_the_host_and_the_container_limit() {
