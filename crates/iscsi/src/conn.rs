@@ -946,10 +946,17 @@ impl Session {
             r.data_sn += 1;
             r.got += len;
         }
-        if t.buf.len() < end as usize {
-            t.buf.resize(end as usize, 0);
+        let (from, to) = (offset as usize, end as usize);
+        if from == t.buf.len() {
+            // In order (the usual case): appended, with no zero fill first.
+            t.buf.extend_from_slice(&p.data);
+        } else {
+            // Another R2T's data came first: the gap is filled when its Data-Outs arrive.
+            if t.buf.len() < to {
+                t.buf.resize(to, 0);
+            }
+            t.buf[from..to].copy_from_slice(&p.data);
         }
-        t.buf[offset as usize..end as usize].copy_from_slice(&p.data);
         t.got += len;
         let mut pump = false;
         if ttt != NO_TAG {

@@ -206,8 +206,7 @@ pub async fn read_pdu<R: AsyncRead + Unpin>(
         });
     }
     if len > 0 {
-        let mut data = vec![0u8; len + pad4(len)];
-        r.read_exact(&mut data).await?;
+        let mut data = read_segment(r, len + pad4(len)).await?;
         let mut bad = false;
         if digests.data {
             let mut d = [0u8; 4];
@@ -221,6 +220,19 @@ pub async fn read_pdu<R: AsyncRead + Unpin>(
         }
     }
     Ok(pdu)
+}
+
+/// Reads exactly `n` bytes into a new buffer, without zero-filling it first: a write's data
+/// (up to MaxRecvDataSegmentLength a PDU) is read once from the socket and never cleared.
+async fn read_segment<R: AsyncRead + Unpin>(r: &mut R, n: usize) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(n);
+    while data.len() < n {
+        let want = (n - data.len()) as u64;
+        if (&mut *r).take(want).read_buf(&mut data).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(data)
 }
 
 /// Encodes a PDU with its lengths, padding and digests.
