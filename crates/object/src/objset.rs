@@ -383,8 +383,8 @@ pub struct ObjectSet {
     /// Told of every read that failed for want of a good copy (the pool's error log).
     error_sink: std::sync::OnceLock<ErrorSink>,
     tree: Mutex<CowTree>,
-    /// Data blocks replaced or removed in the open txg that a sync or the intent log wrote:
-    /// the open txg's sync frees them.
+    /// Data blocks replaced or removed in the open txg that an earlier sync wrote, the txg
+    /// now syncing will write, or the intent log wrote: the open txg's sync frees them.
     open_frees: Mutex<Vec<Arc<BlockRef>>>,
     /// Data blocks the open txg created and then replaced or removed before anything wrote
     /// them: nothing to free, and their bytes leave memory at once, unless the intent log
@@ -528,19 +528,14 @@ impl ObjectSet {
         let _w = self.write_lock.lock();
         match value {
             None => self.tree_remove(&k).map(drop),
-            Some(v) => {
-                if let Value::Block(r) = &v {
-                    if let Some(bp) = r.bp() {
-                        self.dirty_bytes
-                            .fetch_add(u64::from(bp.lsize), Ordering::AcqRel);
-                    }
-                    let r = r.clone();
-                    self.tree_insert(k, v)?;
-                    self.open_created.lock().insert(k, r);
-                    return Ok(());
+            Some(Value::Block(r)) => {
+                if let Some(bp) = r.bp() {
+                    self.dirty_bytes
+                        .fetch_add(u64::from(bp.lsize), Ordering::AcqRel);
                 }
-                self.tree_insert(k, v).map(drop)
+                self.insert_created(k, r).map(drop)
             }
+            Some(v) => self.tree_insert(k, v).map(drop),
         }
     }
 
@@ -684,6 +679,14 @@ impl ObjectSet {
         let old = self.tree.lock().insert(&self.store(), k, v)?;
         self.dirty.store(true, Ordering::Release);
         Ok(self.retire(&k, old))
+    }
+
+    /// Puts a data block the open txg created at `k`, and records it as the open txg's
+    /// version of `k` (after the old value is retired, which looks the old version up).
+    fn insert_created(&self, k: Key, r: Arc<BlockRef>) -> Result<Retired, ObjectError> {
+        let old = self.tree_replace(k, Value::Block(r.clone()))?;
+        self.open_created.lock().insert(k, r);
+        Ok(old)
     }
 
     /// Removes; returns the logical length of the value removed (0 if none).
@@ -976,8 +979,7 @@ impl ObjectSet {
         }
         let r = BlockRef::new_dirty(Arc::new(data), self.policy().tag());
         let v = Value::Block(r.clone());
-        let old = self.tree_replace(k, v.clone())?;
-        self.open_created.lock().insert(k, r);
+        let old = self.insert_created(k, r)?;
         Ok(PutBlock {
             value: Some(v),
             delta: padded as i64 - old.len as i64,
@@ -1635,9 +1637,7 @@ impl ObjectSet {
             self.dirty_bytes
                 .fetch_add(data.len() as u64, Ordering::AcqRel);
             let r = BlockRef::new_dirty(Arc::new(data), self.policy().tag());
-            self.tree_insert(k, Value::Block(r.clone()))?;
-            self.open_created.lock().insert(k, r);
-            return Ok(());
+            return self.insert_created(k, r).map(drop);
         } else {
             if data.len() > crate::tree::MAX_INLINE {
                 return Err(ObjectError::Invalid(format!(
