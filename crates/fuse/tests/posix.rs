@@ -213,10 +213,35 @@ fn enospc_on_a_small_pool() {
     }
     .mount();
     assert_errno(fill(&m.p("big"), 160 << 20), ENOSPC);
-    // Space comes back: the filesystem keeps working after the error.
+    // Space comes back: the filesystem keeps working after the error. The refused write's
+    // data is not synced yet; the write after the remove waits for that sync, which
+    // settles the dirty data's estimate, rather than being refused.
     fs::remove_file(m.p("big")).unwrap();
     fs::write(m.p("small"), b"ok").unwrap();
     assert_eq!(fs::read(m.p("small")).unwrap(), b"ok");
+
+    // Full with every byte on the disks: what a remove frees is deferred for DEFER_TXGS
+    // txgs, and the next write waits for them to pass instead of failing while nothing
+    // else is written.
+    assert_errno(fill(&m.p("big"), 160 << 20), ENOSPC);
+    m.fs.sync_all().unwrap();
+    assert_errno(fill(&m.p("big2"), 160 << 20), ENOSPC);
+    m.fs.sync_all().unwrap();
+    let synced = m.pool.pool.synced_txg();
+    assert_errno(fill(&m.p("refused"), 4 << 20), ENOSPC);
+    assert!(
+        m.pool.pool.synced_txg() <= synced + 1,
+        "a write refused on a full pool with nothing in flight waits for at most one sync"
+    );
+    fs::remove_file(m.p("big")).unwrap();
+    fs::remove_file(m.p("big2")).unwrap();
+    let after = noise(16 << 20, 9);
+    let mut f = File::create(m.p("after")).unwrap();
+    f.write_all(&after).unwrap();
+    // With the writeback cache, a refused write shows here.
+    f.sync_all().unwrap();
+    drop(f);
+    assert!(fs::read(m.p("after")).unwrap() == after);
 }
 
 #[test]

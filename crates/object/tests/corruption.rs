@@ -324,17 +324,26 @@ fn full_pool_gives_no_space_and_stays_usable_body() {
             .unwrap_or_else(|e| panic!("{e}: {:?}", pool.space()));
     }
     assert!(full, "a 64 MiB pool took 200 MiB");
-    // Delete and sync: space comes back (after the deferral window), writes succeed again.
+    // Refused again at once: nothing in flight could make room.
+    let synced = pool.synced_txg();
+    assert_eq!(store.begin(1 << 20).err().map(|e| e.errno()), Some(28));
+    assert_eq!(
+        pool.synced_txg(),
+        synced,
+        "a refusal with nothing in flight synced"
+    );
+    // Delete: space comes back after the deferral window, and the next write waits for it
+    // (the txgs that run it out are committed for it, with nothing else to write).
     for id in ids.drain(..10) {
         let tx = store.begin(0).unwrap();
         os.free_object(&tx, id).unwrap();
     }
-    store.sync().unwrap();
-    for i in 0..tank_block::DEFER_TXGS {
-        pool.log_history(&format!("advance {i}"));
-        store.sync().unwrap();
-    }
     let tx = store.begin(1 << 20).unwrap();
+    assert!(
+        pool.synced_txg() > synced + tank_block::DEFER_TXGS,
+        "the write went in before the frees' deferral ran out (txg {} after {synced})",
+        pool.synced_txg()
+    );
     let id = os.create_object(&tx, 1, 131072).unwrap();
     os.write(&tx, id, 0, &chunk).unwrap();
     drop(tx);

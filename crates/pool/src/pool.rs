@@ -14,7 +14,7 @@
 //! thread and export touch it while the pool runs. Readers use the block store directly.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -203,6 +203,9 @@ pub struct Pool {
     /// The devices changed since the last commit: the next sync commits even if nothing else
     /// is dirty (see `commit_device_change`).
     config_changed: AtomicBool,
+    /// A writer waits for space in flight (see `admit`): the syncs of txgs up to this one
+    /// commit even if nothing else is dirty, so that deferred frees come back.
+    space_wanted: AtomicU64,
     /// Messages for the user gathered on import (missing devices, rewinds).
     pub import_notes: Vec<String>,
     /// The intent log (`zil.rs`).
@@ -615,6 +618,7 @@ impl Pool {
             sync_stopped: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             config_changed: AtomicBool::new(false),
+            space_wanted: AtomicU64::new(0),
             import_notes: notes,
             zil: crate::zil::IntentLog::new(None),
             log_feature: Mutex::new(false),
@@ -2017,25 +2021,67 @@ impl Pool {
     }
 
     /// Starts a transaction in the open txg, charged with `dirty_bytes` of new data. Refuses
-    /// with NoSpace when the pool cannot hold the dirty data plus its parity and metadata.
+    /// with NoSpace when the pool cannot hold the dirty data plus its parity and metadata
+    /// (see [`Pool::admit`]).
     pub fn begin_tx(&self, dirty_bytes: u64) -> Result<Tx<'_>, PoolError> {
         if dirty_bytes > 0 {
-            let (free, slop) = {
-                let a = self.blocks.alloc.lock();
-                (a.free_bytes(), a.slop())
-            };
-            let pending = {
-                let i = self.txg.inner.lock();
-                i.dirty_open + i.dirty_syncing
-            };
-            let need = (pending + dirty_bytes) as f64 * self.inflation();
-            if need as u64 + slop > free {
-                return Err(PoolError::NoSpace(self.name()));
-            }
+            self.admit(dirty_bytes)?;
         }
         self.txg
             .begin(dirty_bytes)
             .map_err(|r| self.suspended_error(r))
+    }
+
+    /// Whether `dirty_bytes` more fit beside the dirty data already charged, at the worst
+    /// vdev's inflation, keeping the slop back.
+    ///
+    /// Space in flight is waited for instead of refused, as ZFS's `dmu_tx_wait` after its
+    /// ERESTART: the dirty data's charge is an estimate that its sync settles (it often
+    /// takes less, and nothing at all when it was freed first); frees are made by the sync
+    /// of their txg, and their space comes back `DEFER_TXGS` txgs after it. While the open
+    /// txg holds changes, or deferred frees could make room, the writer asks for a sync
+    /// (one that commits even with nothing dirty, so that the deferral runs out) and looks
+    /// again: a file removed from a full pool gives its space to the next write, rather
+    /// than leaving writes refused until enough other txgs happen to pass. Refused when
+    /// nothing in flight could make room (after one sync where the open txg holds changes);
+    /// at most `DEFER_TXGS + 2` syncs otherwise.
+    fn admit(&self, dirty_bytes: u64) -> Result<(), PoolError> {
+        for look in 0..=DEFER_TXGS + 1 {
+            let (free, slop, deferred) = {
+                let a = self.blocks.alloc.lock();
+                (a.free_bytes(), a.slop(), a.deferred_bytes())
+            };
+            let pending = self.dirty_bytes();
+            let inflation = self.inflation();
+            let charge = |bytes: u64| (bytes as f64 * inflation) as u64;
+            if charge(pending + dirty_bytes) + slop <= free {
+                return Ok(());
+            }
+            // The most that could come back: the dirty data's whole charge and the deferred
+            // frees; and, before the first sync, frees the open txg may hold (they are known
+            // once it syncs).
+            let could = free + deferred + charge(pending);
+            let frees_unknown =
+                look == 0 && self.syncer.lock().clone().is_some_and(|s| s.is_dirty());
+            if charge(dirty_bytes) + slop > could && !frees_unknown {
+                break;
+            }
+            self.sync_for_space()?;
+        }
+        Err(PoolError::NoSpace(self.name()))
+    }
+
+    /// Commits the open txg, even with nothing dirty in it, and waits for that.
+    fn sync_for_space(&self) -> Result<(), PoolError> {
+        let txg = self.open_txg();
+        self.space_wanted.fetch_max(txg, Ordering::AcqRel);
+        // A sync that looked at the flag just before it was set may go idle and answer the
+        // wait without committing `txg`; the next one sees the flag.
+        while self.synced_txg() < txg {
+            self.note_change();
+            self.wait_txg(txg)?;
+        }
+        Ok(())
     }
 
     /// Allocated bytes per logical byte in the worst vdev, plus metadata (a conservative
@@ -2248,8 +2294,11 @@ impl Pool {
         let syncer = self.syncer.lock().clone();
         let txg = {
             let _gate = self.txg.gate.write();
+            // `open` changes only here, under the gate.
+            let open = self.open_txg();
             let history = !self.meta.lock().history_pending.is_empty()
-                || self.config_changed.swap(false, Ordering::AcqRel);
+                || self.config_changed.swap(false, Ordering::AcqRel)
+                || self.space_wanted.load(Ordering::Acquire) >= open;
             let dirty = syncer.as_ref().is_some_and(|s| s.is_dirty());
             let mut inner = self.txg.inner.lock();
             if !dirty && !history {
