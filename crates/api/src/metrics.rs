@@ -119,6 +119,10 @@ impl Collector for Collect {
         let mut l2miss = Vec::new();
         let mut l2ratio = Vec::new();
         let mut zcommits = Vec::new();
+        let mut dirty = Vec::new();
+        let mut dirty_max = Vec::new();
+        let mut throttle_delays = Vec::new();
+        let mut throttle_waits = Vec::new();
         let mut zfallbacks = Vec::new();
         let mut zlat = Vec::new();
         let mut scan_active = Vec::new();
@@ -209,6 +213,11 @@ impl Collector for Collect {
                 l(&[("pool", p)]),
                 V::Gauge(hit_ratio(l2s.l2_hits, l2s.l2_misses)),
             ));
+            let w = o.pool.write_throttle();
+            dirty.push((l(&[("pool", p)]), V::Gauge(w.dirty_bytes as f64)));
+            dirty_max.push((l(&[("pool", p)]), V::Gauge(w.dirty_max as f64)));
+            throttle_delays.push((l(&[("pool", p)]), V::Counter(w.delays)));
+            throttle_waits.push((l(&[("pool", p)]), V::Counter(w.waits)));
             let z = o.pool.zil.stats();
             zcommits.push((l(&[("pool", p)]), V::Counter(z.commits)));
             zfallbacks.push((l(&[("pool", p)]), V::Counter(z.fallbacks)));
@@ -374,6 +383,34 @@ impl Collector for Collect {
             "L2ARC hits over lookups",
             Gauge,
             &l2ratio,
+        )?;
+        family(
+            &mut enc,
+            "tank_dirty_bytes",
+            "dirty data held for the open and the syncing txg",
+            Gauge,
+            &dirty,
+        )?;
+        family(
+            &mut enc,
+            "tank_dirty_max_bytes",
+            "the dirty data at which writers wait for a sync",
+            Gauge,
+            &dirty_max,
+        )?;
+        family(
+            &mut enc,
+            "tank_write_throttle_delays",
+            "writes delayed by the throttle (dirty data over 60 % of its limit)",
+            Counter,
+            &throttle_delays,
+        )?;
+        family(
+            &mut enc,
+            "tank_write_throttle_waits",
+            "times a writer slept at the dirty-data limit until a sync made room",
+            Counter,
+            &throttle_waits,
         )?;
         family(
             &mut enc,

@@ -34,7 +34,7 @@ pub use history::HistoryRecord;
 pub use mmp::MmpTunables;
 pub use pool::{
     fmt_time, validate_pool_name, CreateOptions, ImportCandidate, ImportOptions, Pool, PoolSpace,
-    PoolStatus, RootBlockInfo, SyncContext, Syncer, VdevStatus,
+    PoolStatus, RootBlockInfo, SyncContext, Syncer, VdevStatus, WriteThrottle,
 };
 pub use spec::{PoolSpec, VdevSpec};
 pub use tank_vdev::SlowIoPolicy;

@@ -2020,6 +2020,18 @@ impl Pool {
         i.dirty_open + i.dirty_syncing
     }
 
+    /// The write throttle's state: dirty data against its limit, and how often writers were
+    /// delayed or held (ZFS's `dmu_tx` kstats `dmu_tx_delay` and `dmu_tx_dirty_over_max`).
+    pub fn write_throttle(&self) -> WriteThrottle {
+        let i = self.txg.inner.lock();
+        WriteThrottle {
+            dirty_bytes: i.dirty_open + i.dirty_syncing,
+            dirty_max: self.txg.tunables.dirty_max,
+            delays: i.throttle_delays,
+            waits: i.throttle_waits,
+        }
+    }
+
     /// Starts a transaction in the open txg, charged with `dirty_bytes` of new data. Refuses
     /// with NoSpace when the pool cannot hold the dirty data plus its parity and metadata
     /// (see [`Pool::admit`]).
@@ -2118,14 +2130,14 @@ impl Pool {
         });
         // A history line is a change like any transaction: waiters must see it committed.
         self.txg.inner.lock().tx_seq += 1;
-        self.txg.cv.notify_all();
+        self.txg.wake_all();
     }
 
     /// Counts a change made outside a transaction (state the syncer writes when asked, such
     /// as a scrub's progress), so waiters for a sync get one.
     pub fn note_change(&self) {
         self.txg.inner.lock().tx_seq += 1;
-        self.txg.cv.notify_all();
+        self.txg.wake_all();
     }
 
     /// The pool history, oldest first.
@@ -2564,7 +2576,7 @@ impl Pool {
         let seq = inner.tx_seq;
         inner.want = inner.want.max(txg);
         inner.want_seq = inner.want_seq.max(seq);
-        self.txg.cv.notify_all();
+        self.txg.sync_cv.notify_one();
         loop {
             if let Some(f) = &inner.failed {
                 return Err(self.suspended_error(f.clone()));
@@ -2594,7 +2606,7 @@ impl Pool {
             Ok(())
         };
         self.txg.inner.lock().shutdown = true;
-        self.txg.cv.notify_all();
+        self.txg.wake_all();
         // Joined without holding the `sync_thread` lock: a waiter for a txg looks at the
         // thread's state while it holds `inner`, which the syncing thread needs to finish
         // (that order once deadlocked a FUSE session's last sync against a dropped pool).
@@ -2609,7 +2621,7 @@ impl Pool {
             let _ = h.join();
         }
         self.sync_stopped.store(true, Ordering::Release);
-        self.txg.cv.notify_all();
+        self.txg.wake_all();
         synced
     }
 
@@ -2888,6 +2900,17 @@ impl Pool {
     }
 }
 
+/// See [`Pool::write_throttle`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct WriteThrottle {
+    pub dirty_bytes: u64,
+    pub dirty_max: u64,
+    /// Writers delayed between 60 % and 100 % of `dirty_max`.
+    pub delays: u64,
+    /// Times a writer slept at `dirty_max` until a sync made room.
+    pub waits: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct RootBlockInfo {
     pub txg: u64,
@@ -2968,7 +2991,7 @@ fn heartbeat_loop(pool: std::sync::Weak<Pool>, mut writer: HeartbeatWriter) {
             if inner.failed.is_none() {
                 inner.failed = Some(reason);
             }
-            p.txg.cv.notify_all();
+            p.txg.wake_all();
             return;
         }
         drop(devices);
@@ -3032,7 +3055,9 @@ fn sync_loop(pool: std::sync::Weak<Pool>) {
             let mut inner = p.txg.inner.lock();
             let wanted = |i: &crate::txg::TxgInner| i.wanted() || i.dirty_open >= t.dirty_sync;
             if !wanted(&inner) && !inner.shutdown {
-                p.txg.cv.wait_for(&mut inner, Duration::from_millis(250));
+                p.txg
+                    .sync_cv
+                    .wait_for(&mut inner, Duration::from_millis(250));
             }
             if inner.failed.is_some() {
                 return;
@@ -3046,7 +3071,7 @@ fn sync_loop(pool: std::sync::Weak<Pool>) {
                 Err(e) => {
                     let mut inner = p.txg.inner.lock();
                     inner.failed = Some(e.to_string());
-                    p.txg.cv.notify_all();
+                    p.txg.wake_all();
                     return;
                 }
             }

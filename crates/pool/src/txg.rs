@@ -14,8 +14,16 @@
 //! where that is less than the host's ([`physical_memory`]).
 //!
 //! # Concurrency
-//! `inner` (a mutex) guards the counters; `cv` signals every change of `synced`, of the dirty
-//! totals and of the sync requests.
+//! `inner` (a mutex) guards the counters. Two condition variables wait on it:
+//! - `sync_cv` wakes the sync thread, and only it: a sync was asked for (a waiter for a txg, a
+//!   writer at `dirty_max`, the open txg crossing `dirty_sync`), or the pool is closing;
+//! - `cv` wakes those waiting for a sync to finish (`synced`, the dirty totals going down, a
+//!   failure): waiters for a txg and writers held by the throttle.
+//!
+//! They are apart so that asking for a sync never wakes the other waiters. When they were one,
+//! each writer held at `dirty_max` woke every other one each time it asked for a sync, and
+//! each of those asked again: under a steady stream of writes the writers spent the sync's
+//! whole duration waking each other.
 
 use std::time::Duration;
 
@@ -85,6 +93,10 @@ fn memory_limit(meminfo: Option<u64>, cgroup: Option<u64>) -> u64 {
 
 #[derive(Debug, Default)]
 pub(crate) struct TxgInner {
+    /// Writers delayed between 60 % and 100 % of `dirty_max` (ZFS's `dmu_tx_delay`).
+    pub throttle_delays: u64,
+    /// Times a writer went to sleep at `dirty_max` (ZFS's `dmu_tx_dirty_over_max`).
+    pub throttle_waits: u64,
     pub open: u64,
     pub synced: u64,
     pub dirty_open: u64,
@@ -106,7 +118,10 @@ pub(crate) struct TxgInner {
 pub(crate) struct TxgManager {
     pub gate: RwLock<()>,
     pub inner: Mutex<TxgInner>,
+    /// Signals the end of a sync (or a failure) to waiters for a txg and throttled writers.
     pub cv: Condvar,
+    /// Signals the sync thread that a sync is wanted.
+    pub sync_cv: Condvar,
     pub tunables: TxgTunables,
 }
 
@@ -129,10 +144,7 @@ impl Tx<'_> {
             return;
         }
         let mut inner = self.txgs.inner.lock();
-        inner.dirty_open += bytes;
-        if inner.dirty_open >= self.txgs.tunables.dirty_sync {
-            self.txgs.cv.notify_all();
-        }
+        self.txgs.add_dirty(&mut inner, bytes);
     }
 }
 
@@ -146,6 +158,7 @@ impl TxgManager {
                 ..Default::default()
             }),
             cv: Condvar::new(),
+            sync_cv: Condvar::new(),
             tunables,
         }
     }
@@ -164,7 +177,8 @@ impl TxgManager {
                     break;
                 }
                 inner.want = inner.want.max(inner.open);
-                self.cv.notify_all();
+                inner.throttle_waits += 1;
+                self.sync_cv.notify_one();
                 self.cv.wait_for(&mut inner, Duration::from_millis(100));
             }
             let dirty = inner.dirty_open + inner.dirty_syncing;
@@ -173,22 +187,39 @@ impl TxgManager {
                 // Progressive delay between 60 % and 100 % of dirty_max (ZFS's write throttle).
                 let frac = (dirty - delay_from) as f64 / (t.dirty_max - delay_from).max(1) as f64;
                 let us = (frac * frac * 2000.0) as u64;
+                inner.throttle_delays += 1;
                 drop(inner);
                 std::thread::sleep(Duration::from_micros(us));
             }
         }
         let gate = self.gate.read();
         let mut inner = self.inner.lock();
-        inner.dirty_open += bytes;
+        self.add_dirty(&mut inner, bytes);
         inner.tx_seq += 1;
-        if inner.dirty_open >= t.dirty_sync {
-            self.cv.notify_all();
-        }
         Ok(Tx {
             txg: inner.open,
             _gate: gate,
             txgs: self,
         })
+    }
+
+    /// Charges `bytes` to the open txg, and wakes the sync thread when they take it to
+    /// `dirty_sync`. Only the crossing wakes it: while a sync runs the open txg may stay over
+    /// the mark, and the sync thread looks at it again before it next waits.
+    fn add_dirty(&self, inner: &mut TxgInner, bytes: u64) {
+        let before = inner.dirty_open;
+        inner.dirty_open += bytes;
+        let mark = self.tunables.dirty_sync;
+        if before < mark && inner.dirty_open >= mark {
+            self.sync_cv.notify_one();
+        }
+    }
+
+    /// Wakes everyone: the sync thread and every waiter (closing, a failure, a change of
+    /// state both may look at).
+    pub fn wake_all(&self) {
+        self.sync_cv.notify_one();
+        self.cv.notify_all();
     }
 
     pub fn open_txg(&self) -> u64 {
@@ -246,6 +277,54 @@ mod tests {
                 txgs.cv.notify_all();
             }
             assert_eq!(got.recv_timeout(Duration::from_secs(10)).unwrap(), 6);
+        });
+    }
+
+    /// Writers held at `dirty_max` sleep until a sync makes room. Asking for that sync wakes
+    /// the sync thread alone: when it woke every waiter, each woken writer asked again and
+    /// woke the others, and eight held writers went round thousands of times a second.
+    #[test]
+    fn writers_held_at_the_limit_do_not_wake_each_other() {
+        let txgs = TxgManager::new(
+            5,
+            TxgTunables {
+                dirty_max: 64 << 10,
+                dirty_sync: 32 << 10,
+                timeout: Duration::from_secs(5),
+            },
+        );
+        drop(txgs.begin(64 << 10).unwrap());
+        let txgs = &txgs;
+        const WRITERS: u64 = 8;
+        const HELD: Duration = Duration::from_millis(500);
+        std::thread::scope(|s| {
+            let (sent, got) = std::sync::mpsc::channel();
+            for _ in 0..WRITERS {
+                let sent = sent.clone();
+                s.spawn(move || {
+                    let tx = txgs.begin(4 << 10).unwrap();
+                    sent.send(tx.txg).unwrap();
+                });
+            }
+            std::thread::sleep(HELD);
+            assert!(got.try_recv().is_err(), "a writer went past dirty_max");
+            let waits = txgs.inner.lock().throttle_waits;
+            // Each writer sleeps once, then once per 100 ms timeout: about 5 each here.
+            assert!(
+                (WRITERS..=WRITERS * 8).contains(&waits),
+                "{WRITERS} writers held for {HELD:?} slept {waits} times"
+            );
+            // The sync frees the dirty data: every writer goes on, in the next txg.
+            {
+                let mut inner = txgs.inner.lock();
+                inner.open = 6;
+                inner.synced = 5;
+                inner.dirty_open = 0;
+                txgs.cv.notify_all();
+            }
+            for _ in 0..WRITERS {
+                assert_eq!(got.recv_timeout(Duration::from_secs(10)).unwrap(), 6);
+            }
         });
     }
 
