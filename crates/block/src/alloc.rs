@@ -20,8 +20,13 @@
 //! them, is checked (`clippy::arithmetic_side_effects` is denied here).
 //!
 //! # Space reservation
-//! `slop` bytes (1/32 of the pool, at least 16 MiB where the pool is big enough) can be used only
-//! by metadata allocations, so a full pool still has room to commit the txgs that delete data.
+//! `slop` bytes (1/32 of the pool, at least 16 MiB where the pool is big enough) are kept back
+//! from new writes by the pool's admission of transactions (`Pool::begin_tx`). Here, data
+//! allocations may not use the last half of it (`data_reserve`), so a full pool still has
+//! room to commit the txgs that delete data; the first half lets a txg commit whose data
+//! came out larger than the admission's estimate (a write into part of a block is charged
+//! the whole block only inside its transaction, after it was admitted) instead of failing
+//! its sync.
 
 #![deny(clippy::arithmetic_side_effects)]
 
@@ -298,7 +303,7 @@ impl VdevSpace {
     }
 }
 
-/// Who asks for space: user data may not dip into the slop reserve; metadata may.
+/// Who asks for space: user data may not use the last half of the slop; metadata may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocClass {
     Data,
@@ -386,9 +391,15 @@ impl SpaceAllocator {
             .sum()
     }
 
-    /// The reserve only metadata may use: 1/32 of the pool, as ZFS's spa_slop_shift.
+    /// The reserve new writes are not admitted into: 1/32 of the pool, as ZFS's
+    /// spa_slop_shift.
     pub fn slop(&self) -> u64 {
         self.size() / 32
+    }
+
+    /// The part of the slop only metadata may use (see the module documentation).
+    pub fn data_reserve(&self) -> u64 {
+        self.slop() / 2
     }
 
     fn spaces(&self) -> impl Iterator<Item = &VdevSpace> {
@@ -416,7 +427,7 @@ impl SpaceAllocator {
         far: bool,
     ) -> Result<(u32, u64, u64), BlockError> {
         let reserve = match class {
-            AllocClass::Data => self.slop(),
+            AllocClass::Data => self.data_reserve(),
             AllocClass::Metadata => 0,
         };
         let mut candidates: Vec<(u32, f64)> = self
@@ -791,12 +802,12 @@ mod tests {
         let mut a = SpaceAllocator::new();
         a.add_vdev(0, 32 << 20, 4096, true);
         let mut n = 0;
-        while a.alloc(&|_| 1 << 20, &[], AllocClass::Data, 1).is_ok() {
+        while a.alloc(&|_| 256 << 10, &[], AllocClass::Data, 1).is_ok() {
             n += 1;
         }
-        assert_eq!(n, 31, "1/32 stays reserved");
+        assert_eq!(n, 126, "half of the slop (1/64 of the pool) stays reserved");
         assert!(matches!(
-            a.alloc(&|_| 1 << 20, &[], AllocClass::Data, 1),
+            a.alloc(&|_| 256 << 10, &[], AllocClass::Data, 1),
             Err(BlockError::NoSpace)
         ));
         assert!(a.alloc(&|_| 4096, &[], AllocClass::Metadata, 1).is_ok());

@@ -291,6 +291,66 @@ fn full_pool_gives_no_space_and_stays_usable() {
     full_pool_gives_no_space_and_stays_usable_body();
 }
 
+/// Small overwrites of large blocks on a nearly full pool: each 4 KiB write is admitted
+/// for 4 KiB and then holds (and at its sync allocates) a whole new 1 MiB block. The
+/// admission keeps room for that, so every admitted txg commits and the pool ends with a
+/// clean refusal, never a failed sync.
+#[test]
+fn small_writes_into_large_blocks_never_fail_a_sync_on_a_full_pool() {
+    let fleet = SimFleet::new(23);
+    let (_devs, _pool, store) = sim_pool(&fleet, "", 1, DEV);
+    let os = store.objset(ROOT_OBJSET).unwrap();
+    let mut r = rng(23);
+    // Objects of four 1 MiB blocks until the pool refuses one.
+    let mut ids = Vec::new();
+    loop {
+        let data: Vec<u8> = (0..4 << 20).map(|_| r.gen()).collect();
+        let Ok(tx) = store.begin(data.len() as u64) else {
+            break;
+        };
+        let id = os.create_object(&tx, 1, 1 << 20).unwrap();
+        os.write(&tx, id, 0, &data).unwrap();
+        drop(tx);
+        ids.push(id);
+        store.sync().unwrap();
+    }
+    assert!(ids.len() > 8, "only {} objects fit", ids.len());
+    // 4 KiB into the middle of each block in turn, a txg each, until refused.
+    let mut refused = false;
+    'outer: for round in 0..2 {
+        for &id in &ids {
+            for block in 0..4u64 {
+                let patch: Vec<u8> = (0..4096).map(|_| r.gen()).collect();
+                let at = block * (1 << 20) + 4096 * (1 + round);
+                match store.begin(patch.len() as u64) {
+                    Ok(tx) => {
+                        os.write(&tx, id, at, &patch).unwrap();
+                        drop(tx);
+                        store
+                            .sync()
+                            .unwrap_or_else(|e| panic!("an admitted txg failed its sync: {e}"));
+                        assert_eq!(os.read(id, at, patch.len()).unwrap(), patch);
+                    }
+                    Err(e) => {
+                        assert_eq!(e.errno(), 28, "expected ENOSPC, got {e}");
+                        refused = true;
+                        break 'outer;
+                    }
+                }
+            }
+        }
+    }
+    assert!(refused, "the overwrites never filled the pool");
+    // Still usable: a free, and a write into the space it gives back.
+    let tx = store.begin(0).unwrap();
+    os.free_object(&tx, ids[0]).unwrap();
+    drop(tx);
+    let tx = store.begin(4096).unwrap();
+    os.write(&tx, ids[1], 0, &[7u8; 4096]).unwrap();
+    drop(tx);
+    store.sync().unwrap();
+}
+
 /// The same with gang blocks: every block above 8 KiB is a header and its pieces.
 #[test]
 fn full_pool_gives_no_space_and_stays_usable_with_gang_blocks() {

@@ -44,7 +44,7 @@ use crate::history::{self, HistoryRecord};
 use crate::label::{self, Uberblock};
 use crate::mmp::{self, HeartbeatWriter, MmpTunables};
 use crate::spec::{PoolSpec, VdevSpec};
-use crate::txg::{Tx, TxgManager, TxgTunables};
+use crate::txg::{Refused, Tx, TxgInner, TxgManager, TxgTunables};
 use crate::PoolError;
 
 /// What the layer above (object sets) does at each txg. Registered with [`Pool::set_syncer`].
@@ -2033,19 +2033,15 @@ impl Pool {
     }
 
     /// Starts a transaction in the open txg, charged with `dirty_bytes` of new data. Refuses
-    /// with NoSpace when the pool cannot hold the dirty data plus its parity and metadata
-    /// (see [`Pool::admit`]).
-    pub fn begin_tx(&self, dirty_bytes: u64) -> Result<Tx<'_>, PoolError> {
-        if dirty_bytes > 0 {
-            self.admit(dirty_bytes)?;
-        }
-        self.txg
-            .begin(dirty_bytes)
-            .map_err(|r| self.suspended_error(r))
-    }
-
-    /// Whether `dirty_bytes` more fit beside the dirty data already charged, at the worst
-    /// vdev's inflation, keeping the slop back.
+    /// with NoSpace when the pool cannot hold the dirty data plus its parity and metadata.
+    ///
+    /// The check counts the dirty data already charged, at the worst vdev's inflation, and
+    /// keeps the slop back; it and the charge are one step under the txg counters' lock, so
+    /// writers that check at once cannot all take the same room. A transaction may charge
+    /// more than it was admitted with (a write into part of a block holds the whole block,
+    /// known only once it runs), so the check also keeps, for each running transaction and
+    /// this one, the largest such extra seen (as ZFS's `dmu_tx_hold_write` counts whole
+    /// blocks before it assigns).
     ///
     /// Space in flight is waited for instead of refused, as ZFS's `dmu_tx_wait` after its
     /// ERESTART: the dirty data's charge is an estimate that its sync settles (it often
@@ -2056,31 +2052,53 @@ impl Pool {
     /// again: a file removed from a full pool gives its space to the next write, rather
     /// than leaving writes refused until enough other txgs happen to pass. Refused when
     /// nothing in flight could make room (after one sync where the open txg holds changes);
-    /// at most `DEFER_TXGS + 2` syncs otherwise.
-    fn admit(&self, dirty_bytes: u64) -> Result<(), PoolError> {
-        for look in 0..=DEFER_TXGS + 1 {
+    /// at most `DEFER_TXGS + 1` syncs otherwise.
+    pub fn begin_tx(&self, dirty_bytes: u64) -> Result<Tx<'_>, PoolError> {
+        if dirty_bytes == 0 {
+            return self.txg.begin(0).map_err(|r| self.suspended_error(r));
+        }
+        let mut looks = 0;
+        loop {
+            // The free space is read between two looks at `synced`; when they differ, a sync
+            // ended in between (its allocations out of `free`, its dirty data no longer
+            // counted) and the view is taken again. While a sync runs, its allocations count
+            // twice (in `free` and as its dirty data): on the safe side.
+            let synced = self.synced_txg();
             let (free, slop, deferred) = {
                 let a = self.blocks.alloc.lock();
                 (a.free_bytes(), a.slop(), a.deferred_bytes())
             };
-            let pending = self.dirty_bytes();
             let inflation = self.inflation();
             let charge = |bytes: u64| (bytes as f64 * inflation) as u64;
-            if charge(pending + dirty_bytes) + slop <= free {
-                return Ok(());
+            let mut seen = (synced, 0);
+            let room = |i: &TxgInner| {
+                let pending = i.dirty_open + i.dirty_syncing;
+                seen = (i.synced, pending);
+                // Room for what each running transaction, this one too, may still charge.
+                let extras = (i.active + 1) * i.max_extra;
+                i.synced == synced && charge(pending + dirty_bytes + extras) + slop <= free
+            };
+            match self.txg.begin_if(dirty_bytes, room) {
+                Ok(tx) => return Ok(tx),
+                Err(Refused::Failed(reason)) => return Err(self.suspended_error(reason)),
+                Err(Refused::NoRoom) => {}
+            }
+            let (now_synced, pending) = seen;
+            if now_synced != synced {
+                continue;
             }
             // The most that could come back: the dirty data's whole charge and the deferred
             // frees; and, before the first sync, frees the open txg may hold (they are known
             // once it syncs).
             let could = free + deferred + charge(pending);
             let frees_unknown =
-                look == 0 && self.syncer.lock().clone().is_some_and(|s| s.is_dirty());
-            if charge(dirty_bytes) + slop > could && !frees_unknown {
-                break;
+                looks == 0 && self.syncer.lock().clone().is_some_and(|s| s.is_dirty());
+            if looks > DEFER_TXGS || (charge(dirty_bytes) + slop > could && !frees_unknown) {
+                return Err(PoolError::NoSpace(self.name()));
             }
             self.sync_for_space()?;
+            looks += 1;
         }
-        Err(PoolError::NoSpace(self.name()))
     }
 
     /// Commits the open txg, even with nothing dirty in it, and waits for that.

@@ -91,12 +91,27 @@ fn memory_limit(meminfo: Option<u64>, cgroup: Option<u64>) -> u64 {
     }
 }
 
+/// Why [`TxgManager::begin_if`] did not enter.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The pool failed (the reason).
+    Failed(String),
+    /// `room` did not grant the charge.
+    NoRoom,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct TxgInner {
     /// Writers delayed between 60 % and 100 % of `dirty_max` (ZFS's `dmu_tx_delay`).
     pub throttle_delays: u64,
     /// Times a writer went to sleep at `dirty_max` (ZFS's `dmu_tx_dirty_over_max`).
     pub throttle_waits: u64,
+    /// Transactions running (entered and not yet dropped).
+    pub active: u64,
+    /// The largest charge one transaction made beyond what it was admitted with (a write
+    /// into part of its first and last blocks holds both whole): the room the space check
+    /// keeps for each running transaction. Starts at two 128 KiB blocks.
+    pub max_extra: u64,
     pub open: u64,
     pub synced: u64,
     pub dirty_open: u64,
@@ -145,6 +160,13 @@ impl Tx<'_> {
         }
         let mut inner = self.txgs.inner.lock();
         self.txgs.add_dirty(&mut inner, bytes);
+        inner.max_extra = inner.max_extra.max(bytes);
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        self.txgs.inner.lock().active -= 1;
     }
 }
 
@@ -155,6 +177,7 @@ impl TxgManager {
             inner: Mutex::new(TxgInner {
                 open,
                 synced: open - 1,
+                max_extra: 256 << 10,
                 ..Default::default()
             }),
             cv: Condvar::new(),
@@ -165,12 +188,26 @@ impl TxgManager {
 
     /// Throttles, then enters the open txg charging `bytes` of dirty data.
     pub fn begin(&self, bytes: u64) -> Result<Tx<'_>, String> {
+        self.begin_if(bytes, |_| true).map_err(|e| match e {
+            Refused::Failed(f) => f,
+            Refused::NoRoom => unreachable!("room is always granted"),
+        })
+    }
+
+    /// As `begin`, but enters only if `room` grants the charge. `room` sees the counters
+    /// under the same lock that charges `bytes`, so writers that check at once cannot all
+    /// take the same room.
+    pub fn begin_if(
+        &self,
+        bytes: u64,
+        room: impl FnOnce(&TxgInner) -> bool,
+    ) -> Result<Tx<'_>, Refused> {
         let t = self.tunables;
         {
             let mut inner = self.inner.lock();
             loop {
                 if let Some(f) = &inner.failed {
-                    return Err(f.clone());
+                    return Err(Refused::Failed(f.clone()));
                 }
                 let dirty = inner.dirty_open + inner.dirty_syncing;
                 if dirty + bytes <= t.dirty_max || dirty == 0 {
@@ -194,8 +231,12 @@ impl TxgManager {
         }
         let gate = self.gate.read();
         let mut inner = self.inner.lock();
+        if !room(&inner) {
+            return Err(Refused::NoRoom);
+        }
         self.add_dirty(&mut inner, bytes);
         inner.tx_seq += 1;
+        inner.active += 1;
         Ok(Tx {
             txg: inner.open,
             _gate: gate,
