@@ -203,7 +203,7 @@ pub struct Pool {
     /// The devices changed since the last commit: the next sync commits even if nothing else
     /// is dirty (see `commit_device_change`).
     config_changed: AtomicBool,
-    /// A writer waits for space in flight (see `admit`): the syncs of txgs up to this one
+    /// A writer waits for space in flight (see `begin_tx`): the syncs of txgs up to this one
     /// commit even if nothing else is dirty, so that deferred frees come back.
     space_wanted: AtomicU64,
     /// Messages for the user gathered on import (missing devices, rewinds).
